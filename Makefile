@@ -1,0 +1,37 @@
+# tensor-fusion-extender developer commands.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: test unit e2e lint typecheck venv demo bench control-plane clean
+
+$(BIN)/tf-extender: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+venv: $(BIN)/tf-extender
+
+lint: venv
+	$(BIN)/ruff check .
+
+typecheck: venv
+	$(BIN)/mypy extender webhook certs
+
+unit: venv
+	$(BIN)/pytest -m "not e2e" $(PYTEST_ARGS)
+
+control-plane:
+	bash tests/e2e/build-control-plane.sh
+
+e2e: venv control-plane
+	$(BIN)/pytest -m e2e $(PYTEST_ARGS)
+
+## make test: lint, type-check, unit tests and the end-to-end suite on a real control plane
+test: lint typecheck control-plane
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
