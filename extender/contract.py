@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from fractions import Fraction
 from typing import Any, TypeVar
 
@@ -75,21 +75,21 @@ _TFLOPS_KEYS = (TFLOPS_REQUEST, TFLOPS_LIMIT)
 _PERCENT_KEYS = (PERCENT_REQUEST, PERCENT_LIMIT)
 
 
-class Isolation(str, Enum):
+class Isolation(StrEnum):
     SHARED = "shared"
     SOFT = "soft"
     HARD = "hard"
     PARTITIONED = "partitioned"
 
 
-class QoS(str, Enum):
+class QoS(StrEnum):
     LOW = "low"
     MEDIUM = "medium"
     HIGH = "high"
     CRITICAL = "critical"
 
 
-class AutoscaleTarget(str, Enum):
+class AutoscaleTarget(StrEnum):
     ALL = "all"
     COMPUTE = "compute"
     VRAM = "vram"
@@ -218,7 +218,8 @@ def parse_request(annotations: Mapping[str, str], context: RequestContext | None
     pool = _pool(values, context)
     qos = _choice(values, QOS, QoS, default=None)
     if qos is None:
-        guaranteed = (tflops_request, percent_request, vram_request) == (tflops_limit, percent_limit, vram_limit)
+        requests = (tflops_request, percent_request, vram_request)
+        guaranteed = requests == (tflops_limit, percent_limit, vram_limit)
         pool_default = context.pools[pool].default_qos if context.pools and pool in context.pools else None
         qos = QoS.HIGH if guaranteed else pool_default or QoS.MEDIUM
 
