@@ -1,0 +1,146 @@
+"""``tf-certs``: generate certificates, store them in a Secret, wire the webhook ``caBundle``."""
+
+from __future__ import annotations
+
+import argparse
+import ssl
+import sys
+from pathlib import Path
+
+from certs import authority, files
+from certs.authority import CertificateError
+
+PROG = "tf-certs"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        problem = usage_problem(args)
+        if problem:
+            parser.error(problem)
+    except SystemExit as exc:  # argparse exits on --help and on usage errors; callers want a code
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        if args.command == "generate":
+            return _generate(args)
+        if args.command == "secret":
+            return _secret(args)
+        return _patch_webhook(args)
+    except (CertificateError, OSError, RuntimeError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Certificates for the tensor-fusion webhook and scheduler extender."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    generate = commands.add_parser(
+        "generate",
+        help="write a CA and a serving certificate (and optionally a client certificate) to a directory",
+        description=(
+            "Write ca.crt, tls.crt and tls.key to --out-dir, signed by the CA in --ca-dir "
+            "(ca.crt + ca.key; default: --out-dir). An existing CA is reused unless --regenerate-ca is "
+            "given. With --client-cn, also write client.crt and client.key (CN = user, each --client-org "
+            "= group)."
+        ),
+    )
+    generate.add_argument("--out-dir", required=True, type=Path, metavar="DIR")
+    generate.add_argument("--dns", action="append", default=[], metavar="NAME", help="DNS name (repeatable)")
+    generate.add_argument("--ip", action="append", default=[], metavar="IP", help="IP address (repeatable)")
+    generate.add_argument(
+        "--days", type=int, default=authority.DEFAULT_LEAF_DAYS, metavar="N", help="leaf validity (365)"
+    )
+    generate.add_argument("--ca-dir", type=Path, metavar="DIR", help="where the CA lives (--out-dir)")
+    generate.add_argument(
+        "--ca-days", type=int, default=authority.DEFAULT_CA_DAYS, metavar="N", help="validity of a new CA"
+    )
+    generate.add_argument("--regenerate-ca", action="store_true", help="replace an existing CA")
+    generate.add_argument("--client-cn", metavar="CN", help="also issue a client certificate for this user")
+    generate.add_argument(
+        "--client-org", action="append", default=[], metavar="ORG", help="client group (repeatable)"
+    )
+
+    secret = commands.add_parser(
+        "secret", help="create or replace a kubernetes.io/tls Secret from a certificate directory"
+    )
+    secret.add_argument("--namespace", required=True, metavar="NS")
+    secret.add_argument("--name", required=True, metavar="NAME")
+    secret.add_argument("--cert-dir", required=True, type=Path, metavar="DIR")
+    secret.add_argument("--kubeconfig", metavar="PATH")
+
+    patch = commands.add_parser(
+        "patch-webhook", help="set caBundle on every webhook of a MutatingWebhookConfiguration"
+    )
+    patch.add_argument("--name", required=True, metavar="CONFIG")
+    patch.add_argument("--ca-file", required=True, type=Path, metavar="PATH")
+    patch.add_argument("--kubeconfig", metavar="PATH")
+    return parser
+
+
+def usage_problem(args: argparse.Namespace) -> str | None:
+    """Argument combinations that argparse cannot express."""
+    if args.command != "generate":
+        return None
+    if not args.dns and not args.ip and not args.client_cn:
+        return "generate: give at least one --dns or --ip (or --client-cn for a client certificate)"
+    if args.client_org and not args.client_cn:
+        return "generate: --client-org needs --client-cn"
+    return None
+
+
+def _generate(args: argparse.Namespace) -> int:
+    out_dir: Path = args.out_dir
+    ca_dir: Path = args.ca_dir or out_dir
+    ca, created = files.ensure_ca(ca_dir, regenerate=args.regenerate_ca, days=args.ca_days)
+    _say(f"{'generated' if created else 'reused'} CA {_subject(ca)} in {ca_dir}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.dns or args.ip:
+        serving = authority.issue_serving_cert(ca, dns_names=args.dns, ip_addresses=args.ip, days=args.days)
+        files.write_serving(out_dir, ca.cert_pem, serving)
+        _say(f"wrote {files.CA_CERT}, {files.TLS_CERT}, {files.TLS_KEY} to {out_dir}")
+    else:
+        files.write_atomic(out_dir / files.CA_CERT, ca.cert_pem)
+    if args.client_cn:
+        client = authority.issue_client_cert(
+            ca, common_name=args.client_cn, groups=args.client_org, days=args.days
+        )
+        files.write_client(out_dir, client)
+        _say(f"wrote {files.CLIENT_CERT}, {files.CLIENT_KEY} to {out_dir}")
+    return 0
+
+
+def _secret(args: argparse.Namespace) -> int:
+    from certs import kube, reload  # the kubernetes client is slow to import; only these commands need it
+
+    bundle = files.read_serving(args.cert_dir)
+    # Refuse to publish a pair that the servers would not load.
+    reload.load_pair(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), authority.PemPair(bundle.cert, bundle.key))
+    kube.ca_bundle_value(bundle.ca_cert)
+    outcome = kube.apply_tls_secret(kube.api_client(args.kubeconfig), args.namespace, args.name, bundle)
+    _say(f"{outcome} Secret {args.namespace}/{args.name}")
+    return 0
+
+
+def _patch_webhook(args: argparse.Namespace) -> int:
+    from certs import kube
+
+    ca_pem = args.ca_file.read_bytes()
+    changed = kube.patch_webhook_ca_bundle(kube.api_client(args.kubeconfig), args.name, ca_pem)
+    if changed:
+        _say(f"set caBundle on {changed} webhook(s) of MutatingWebhookConfiguration {args.name}")
+    else:
+        _say(f"MutatingWebhookConfiguration {args.name} already carries this caBundle")
+    return 0
+
+
+def _subject(ca: authority.Authority) -> str:
+    return ca.certificate.subject.rfc4514_string()
+
+
+def _say(message: str) -> None:
+    print(message)
