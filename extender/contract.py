@@ -10,7 +10,7 @@ then the pod's own annotations (a later layer overrides an earlier one).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from fractions import Fraction
@@ -178,6 +178,8 @@ class RequestContext:
     profile_annotations: Mapping[str, str] = field(default_factory=dict)
     profile_source: str | None = None
     pools: Mapping[str, PoolDefaults] | None = None  # None: pool names are not checked
+    # Alternative to ``pools`` for callers that look pools up one at a time (the webhook's caches).
+    pool_lookup: Callable[[str], PoolDefaults | None] | None = None
     default_pool: str | None = None
     native_gpu_count: int | None = None
 
@@ -215,12 +217,12 @@ def parse_request(annotations: Mapping[str, str], context: RequestContext | None
             "no TFLOPS, compute percent or VRAM requested; set one, or isolation=shared for whole GPUs",
         )
 
-    pool = _pool(values, context)
+    pool, pool_defaults = _pool(values, context)
     qos = _choice(values, QOS, QoS, default=None)
     if qos is None:
         requests = (tflops_request, percent_request, vram_request)
         guaranteed = requests == (tflops_limit, percent_limit, vram_limit)
-        pool_default = context.pools[pool].default_qos if context.pools and pool in context.pools else None
+        pool_default = pool_defaults.default_qos if pool_defaults else None
         qos = QoS.HIGH if guaranteed else pool_default or QoS.MEDIUM
 
     return GPURequest(
@@ -252,9 +254,9 @@ def render_annotations(request: GPURequest) -> dict[str, str]:
     if request.percent_request is not None and request.percent_limit is not None:
         out[PERCENT_REQUEST] = format_quantity(request.percent_request)
         out[PERCENT_LIMIT] = format_quantity(request.percent_limit)
-    if request.vram_request or request.vram_limit:
-        out[VRAM_REQUEST] = format_bytes(request.vram_request)
-        out[VRAM_LIMIT] = format_bytes(request.vram_limit)
+    # Always written, even when zero: a VRAM-only request of 0 must still re-parse as a request.
+    out[VRAM_REQUEST] = format_bytes(request.vram_request)
+    out[VRAM_LIMIT] = format_bytes(request.vram_limit)
     out[GPU_COUNT] = str(request.gpu_count)
     if request.gpu_model:
         out[GPU_MODEL] = request.gpu_model
@@ -489,11 +491,17 @@ def _text(values: _Layered, key: str) -> str | None:
     return raw or None
 
 
-def _pool(values: _Layered, context: RequestContext) -> str:
+def _pool(values: _Layered, context: RequestContext) -> tuple[str, PoolDefaults | None]:
     name = _text(values, GPU_POOL) or context.default_pool
     if name is None:
         raise ContractError(GPU_POOL, "", "no pool named and no GPUPool is annotated as the default pool")
-    if context.pools is not None and name not in context.pools:
+    if context.pools is not None:
+        defaults = context.pools.get(name)
+    elif context.pool_lookup is not None:
+        defaults = context.pool_lookup(name)
+    else:
+        return name, None
+    if defaults is None:
         raise values.error(GPU_POOL, "no such GPUPool") if values.get(GPU_POOL) else ContractError(
             GPU_POOL, name, "no such GPUPool")
-    return name
+    return name, defaults

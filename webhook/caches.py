@@ -1,0 +1,96 @@
+"""The serving ``ClusterView``: GPUPools, WorkloadProfiles and SchedulingConfigTemplates from watch caches,
+owners from the owner cache. The only module of the webhook that talks to the API server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from extender.kube.informer import WatchCache
+from extender.kube.resources import GPU_POOLS, SCHEDULING_CONFIG_TEMPLATES, WORKLOAD_PROFILES
+from webhook.owners import OwnerCache, OwnerKey, api_fetcher, owners_of
+from webhook.view import ClusterView, KubeObject, pick_default_pool
+
+DEFAULT_OWNER_TIMEOUT = 2.0
+
+
+class ObjectSource(Protocol):
+    """What the view reads from a watch cache."""
+
+    def get(self, name: str, namespace: str | None = None) -> dict[str, Any] | None: ...
+
+    def list(self) -> list[dict[str, Any]]: ...
+
+
+class CachedClusterView:
+    """A ``ClusterView`` for one admission request."""
+
+    def __init__(self, pools: ObjectSource, profiles: ObjectSource, templates: ObjectSource,
+                 owners: Mapping[OwnerKey, KubeObject]) -> None:
+        self._pools = pools
+        self._profiles = profiles
+        self._templates = templates
+        self._owners = owners
+
+    def pool(self, name: str) -> KubeObject | None:
+        return self._pools.get(name)
+
+    def default_pool(self) -> KubeObject | None:
+        return pick_default_pool(self._pools.list())
+
+    def profile(self, namespace: str, name: str) -> KubeObject | None:
+        return self._profiles.get(name, namespace)
+
+    def template(self, name: str) -> KubeObject | None:
+        return self._templates.get(name)
+
+    def owner(self, namespace: str, kind: str, name: str) -> KubeObject | None:
+        return self._owners.get((namespace, kind, name))
+
+
+class ServingCaches:
+    """Watch caches plus the owner cache; ``view_for`` builds the view of one request."""
+
+    def __init__(self, pools: ObjectSource, profiles: ObjectSource, templates: ObjectSource,
+                 owners: OwnerCache, *, synced: list[asyncio.Event] | None = None,
+                 owner_timeout: float = DEFAULT_OWNER_TIMEOUT) -> None:
+        self.pools = pools
+        self.profiles = profiles
+        self.templates = templates
+        self.owners = owners
+        self.owner_timeout = owner_timeout
+        self._synced = synced or []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._caches: list[WatchCache] = []
+
+    @classmethod
+    def from_api(cls, api_client: Any) -> ServingCaches:
+        # Optional: a cluster without the TensorFusion CRDs still serves (and denies for lack of a pool).
+        pools, profiles, templates = caches = [
+            WatchCache(api_client, resource, optional=True)
+            for resource in (GPU_POOLS, WORKLOAD_PROFILES, SCHEDULING_CONFIG_TEMPLATES)
+        ]
+        serving = cls(pools, profiles, templates, OwnerCache(api_fetcher(api_client)),
+                      synced=[cache.synced for cache in caches])
+        serving._caches = caches
+        return serving
+
+    def ready(self) -> bool:
+        return all(event.is_set() for event in self._synced)
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(cache.run(), name=f"watch-{cache.name}") for cache in self._caches]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    async def view_for(self, pod: KubeObject, namespace: str) -> ClusterView:
+        owners = await owners_of(pod, namespace, self.owners, self.owner_timeout)
+        return CachedClusterView(self.pools, self.profiles, self.templates, owners)

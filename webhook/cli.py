@@ -1,0 +1,146 @@
+"""``tf-webhook``: ``serve`` the admission webhook over HTTPS, or ``mutate`` one pod offline."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extender.logs import setup_logging
+from webhook.mutation import mutate
+from webhook.server import DEFAULT_REQUEST_TIMEOUT, DEFAULT_SCHEDULER_NAME, WebhookService, create_app
+from webhook.view import ObjectsError, StaticClusterView, load_objects
+
+log = logging.getLogger("webhook.cli")
+
+EXIT_DENIED = 1
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tf-webhook", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="serve the mutating admission webhook over HTTPS")
+    serve.add_argument("--port", type=int, default=9443)
+    serve.add_argument("--bind-address", default="0.0.0.0")
+    serve.add_argument("--cert-dir", required=True, type=Path,
+                       help="directory with tls.crt and tls.key, reloaded when they change")
+    serve.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster)")
+    serve.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER_NAME)
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT,
+                       help="seconds to answer one AdmissionReview")
+    serve.add_argument("--cert-reload-interval", type=float, default=2.0,
+                       help="seconds between checks of the certificate files")
+
+    offline = commands.add_parser("mutate", help="show what the webhook does to a pod, without a cluster")
+    offline.add_argument("--pod", required=True, help="pod manifest (YAML or JSON); - for stdin")
+    offline.add_argument("--objects", default=None,
+                         help="YAML stream or List of GPUPools, WorkloadProfiles, SchedulingConfigTemplates, "
+                              "ReplicaSets, Jobs ...")
+    offline.add_argument("--namespace", default=None,
+                         help="namespace of the pod (default: its own, else default)")
+    offline.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER_NAME)
+    offline.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "mutate":
+        return run_mutate(args)
+    setup_logging(args.log_level)
+    try:
+        return asyncio.run(serve(args))
+    except KeyboardInterrupt:
+        return 0
+    except Exception as exc:  # startup failures: bad certificates, kubeconfig, port in use
+        log.error("cannot serve", extra={"error": f"{type(exc).__name__}: {exc}"})
+        return 1
+
+
+def run_mutate(args: argparse.Namespace) -> int:
+    try:
+        pod = _read_pod(args.pod)
+        objects = load_objects(_read_text(args.objects)) if args.objects else []
+    except (OSError, ObjectsError) as exc:
+        print(f"tf-webhook mutate: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    namespace = args.namespace or str((pod.get("metadata") or {}).get("namespace") or "") or "default"
+    view = StaticClusterView(objects, default_namespace=namespace)
+    result = mutate(pod, view, scheduler_name=args.scheduler_name, index=1, namespace=namespace)
+    if result.denial is not None:
+        print(f"denied: {result.denial.message}", file=sys.stderr)
+        return EXIT_DENIED
+    if result.skipped:
+        print("pod is not labelled tensor-fusion.ai/enabled=true: the webhook leaves it untouched",
+              file=sys.stderr)
+    sys.stdout.write(_render(result.pod, args.output))
+    return 0
+
+
+def _read_text(path: str) -> str:
+    return sys.stdin.read() if path == "-" else Path(path).read_text()
+
+
+def _read_pod(path: str) -> dict[str, Any]:
+    try:
+        documents = [d for d in yaml.safe_load_all(_read_text(path)) if d is not None]
+    except yaml.YAMLError as exc:
+        raise ObjectsError(f"{path}: not valid YAML: {exc}") from exc
+    if len(documents) != 1 or not isinstance(documents[0], dict) or documents[0].get("kind") != "Pod":
+        raise ObjectsError(f"{path}: expected exactly one object of kind Pod")
+    return documents[0]
+
+
+def _render(pod: dict[str, Any], output: str) -> str:
+    if output == "json":
+        return json.dumps(pod, indent=2) + "\n"
+    return str(yaml.safe_dump(pod, sort_keys=False))
+
+
+async def serve(args: argparse.Namespace) -> int:
+    # Imported here so that the offline ``mutate`` does not pay for the Kubernetes client.
+    from aiohttp import web
+
+    from certs.reload import serving_context, watch_certificates
+    from extender.kube.client import load_api_client
+    from webhook.caches import ServingCaches
+
+    ssl_context = serving_context(args.cert_dir)
+    caches = ServingCaches.from_api(load_api_client(args.kubeconfig))
+    service = WebhookService(caches.view_for, caches.ready, scheduler_name=args.scheduler_name,
+                             request_timeout=args.request_timeout)
+    runner = web.AppRunner(create_app(service), access_log=None)
+    await runner.setup()
+    caches.start()
+    reloader = asyncio.create_task(watch_certificates(ssl_context, args.cert_dir, args.cert_reload_interval))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await web.TCPSite(runner, args.bind_address, args.port, ssl_context=ssl_context).start()
+        log.info("serving", extra={"address": args.bind_address, "port": args.port,
+                                   "scheduler_name": args.scheduler_name})
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        reloader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reloader
+        await runner.cleanup()
+        await caches.stop()
+    return 0

@@ -1,0 +1,293 @@
+"""The pure pod mutation of the admission webhook (DESIGN §7).
+
+``mutate`` turns an opted-in pod into its canonical form and returns the mutated pod with the RFC 6902
+patch from the original, or a denial whose message names the offending key and value. It performs no I/O:
+pools, profiles, templates and owners come from a ``ClusterView``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from extender.contract import (
+    AUTOSCALE,
+    AUTOSCALE_TARGET,
+    COMPONENT_LABEL,
+    COMPONENT_WORKER,
+    ENABLED_LABEL,
+    GPU_POOL,
+    INDEX_RESOURCE_PREFIX,
+    INJECT_CONTAINER,
+    NATIVE_GPU_RESOURCES,
+    POOL_LABEL,
+    USED_BY_TAINT_KEY,
+    USED_BY_TAINT_VALUE,
+    WORKLOAD_LABEL,
+    WORKLOAD_PROFILE,
+    AutoscaleTarget,
+    ContractError,
+    GPURequest,
+    PoolDefaults,
+    QoS,
+    RequestContext,
+    decode_index,
+    index_resource,
+    native_gpu_count,
+    parse_request,
+    profile_annotations,
+    render_annotations,
+)
+from webhook.patch import PatchOp, diff
+from webhook.selector import SelectorError, matches
+from webhook.view import ClusterView, KubeObject, name_of
+from webhook.workload import label_value, workload_name
+
+TOLERATION_EFFECT = "PreferNoSchedule"
+USED_BY_TOLERATION: dict[str, str] = {
+    "key": USED_BY_TAINT_KEY,
+    "operator": "Equal",
+    "value": USED_BY_TAINT_VALUE,
+    "effect": TOLERATION_EFFECT,
+}
+PRIORITY_CLASSES = {QoS.HIGH: "tensor-fusion-high", QoS.CRITICAL: "tensor-fusion-critical"}
+
+# Denial reasons that are rules rather than annotation keys.
+REASON_POD_SHAPE = "pod-shape"
+
+
+@dataclass(frozen=True)
+class Denial:
+    message: str
+    reason: str  # the annotation key (or rule) at fault, a low-cardinality metric label
+
+
+@dataclass(frozen=True)
+class MutationResult:
+    pod: KubeObject  # the mutated pod; the original when skipped or denied
+    patch: list[PatchOp] = field(default_factory=list)
+    denial: Denial | None = None
+    skipped: bool = False  # not opted in: passed untouched
+    request: GPURequest | None = None
+
+    @property
+    def allowed(self) -> bool:
+        return self.denial is None
+
+
+def is_opted_in(pod: Mapping[str, Any]) -> bool:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return isinstance(labels, Mapping) and labels.get(ENABLED_LABEL) == "true"
+
+
+def mutate(pod: KubeObject, view: ClusterView, *, scheduler_name: str, index: int,
+           namespace: str | None = None) -> MutationResult:
+    """Mutate ``pod`` (an API JSON dict, left unchanged). ``index`` is used only when the pod has none yet;
+    ``namespace`` defaults to the pod's own, then ``default``.
+    """
+    if not is_opted_in(pod):
+        return MutationResult(pod=pod, skipped=True)
+    shape_problem = _shape_problem(pod)
+    if shape_problem:
+        return MutationResult(pod=pod, denial=Denial(shape_problem, REASON_POD_SHAPE))
+    namespace = namespace or str(pod["metadata"].get("namespace") or "") or "default"
+    try:
+        mutated, request = _mutated(pod, view, namespace, scheduler_name, index)
+    except ContractError as exc:
+        return MutationResult(pod=pod, denial=Denial(str(exc), exc.key))
+    return MutationResult(pod=mutated, patch=diff(pod, mutated), request=request)
+
+
+def _shape_problem(pod: KubeObject) -> str | None:
+    if not isinstance(pod.get("metadata"), dict):
+        return "pod has no metadata"
+    for section in ("annotations", "labels"):
+        values = pod["metadata"].get(section)
+        if values is not None and not isinstance(values, dict):
+            return f"pod metadata.{section} must be a map"
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return "pod has no spec"
+    containers = spec.get("containers")
+    if not isinstance(containers, list) or not containers or not all(
+        isinstance(c, dict) and isinstance(c.get("name"), str) for c in containers
+    ):
+        return "pod spec.containers must be a non-empty list of named containers"
+    for c in containers:
+        resources = c.get("resources")
+        if resources is not None and not isinstance(resources, dict):
+            return f"container {c['name']}: resources must be a map"
+        for part in ("limits", "requests"):
+            if resources and resources.get(part) is not None and not isinstance(resources[part], dict):
+                return f"container {c['name']}: resources.{part} must be a map"
+    tolerations = spec.get("tolerations")
+    if tolerations is not None and not isinstance(tolerations, list):
+        return "pod spec.tolerations must be a list"
+    return None
+
+
+def _mutated(pod: KubeObject, view: ClusterView, namespace: str, scheduler_name: str,
+             index: int) -> tuple[KubeObject, GPURequest]:
+    new = copy.deepcopy(pod)
+    metadata = new["metadata"]
+    spec = new["spec"]
+    annotations: dict[str, Any] = dict(metadata.get("annotations") or {})
+    labels: dict[str, Any] = dict(metadata.get("labels") or {})
+    containers: list[dict[str, Any]] = spec["containers"]
+
+    gpu_containers = _gpu_containers(containers, annotations)
+    native = native_gpu_count(_limits(c) for c in gpu_containers)
+
+    inputs = dict(annotations)
+    if GPU_POOL not in inputs and isinstance(labels.get(POOL_LABEL), str):
+        inputs[GPU_POOL] = labels[POOL_LABEL]
+    profile_values, profile_source = _profile(inputs, namespace, view)
+    default_pool = view.default_pool()
+    context = RequestContext(
+        profile_annotations=profile_values,
+        profile_source=profile_source,
+        pool_lookup=lambda name: _pool_defaults(view.pool(name)),
+        default_pool=name_of(default_pool) if default_pool else None,
+        native_gpu_count=native,
+    )
+    request = parse_request(inputs, context)
+
+    labels[COMPONENT_LABEL] = COMPONENT_WORKER
+    labels[POOL_LABEL] = label_value(request.pool)
+    labels[WORKLOAD_LABEL] = label_value(workload_name(pod, namespace, view))
+    if AUTOSCALE not in inputs and AUTOSCALE not in profile_values:
+        request = _template_autoscale(request, view, labels, explicit_target=AUTOSCALE_TARGET in inputs
+                                      or AUTOSCALE_TARGET in profile_values)
+
+    annotations.update(render_annotations(request))
+    metadata["annotations"] = annotations
+    metadata["labels"] = labels
+    spec["schedulerName"] = scheduler_name
+    _set_index(gpu_containers, index)
+    tolerations = list(spec.get("tolerations") or [])
+    if not any(_is_used_by_toleration(t) for t in tolerations):
+        spec["tolerations"] = [*tolerations, dict(USED_BY_TOLERATION)]
+    priority_class = PRIORITY_CLASSES.get(request.qos)
+    if priority_class and not spec.get("priorityClassName"):
+        spec["priorityClassName"] = priority_class
+        # The Priority admission plugin resolves the class into these; stale values would conflict.
+        spec.pop("priority", None)
+        spec.pop("preemptionPolicy", None)
+    return new, request
+
+
+def _limits(container: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (container.get("resources") or {}).get("limits") or {}
+
+
+def _has_gpu_limit(container: Mapping[str, Any]) -> bool:
+    limits = _limits(container)
+    return any(r in limits for r in NATIVE_GPU_RESOURCES) or any(
+        str(r).startswith(INDEX_RESOURCE_PREFIX) for r in limits
+    )
+
+
+def _gpu_containers(containers: list[dict[str, Any]], annotations: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The containers that get the GPU: named by inject-container, else those with GPU limits (native or
+    an index set by an earlier mutation), else the only container."""
+    names = [c["name"] for c in containers]
+    chosen = annotations.get(INJECT_CONTAINER)
+    if chosen is not None:
+        wanted = [n.strip() for n in str(chosen).split(",") if n.strip()]
+        unknown = [n for n in wanted if n not in names]
+        if not wanted or unknown:
+            raise ContractError(INJECT_CONTAINER, chosen,
+                                f"no container named {', '.join(unknown) or '(empty)'}; "
+                                f"the pod's containers are {', '.join(names)}")
+        return [c for c in containers if c["name"] in wanted]
+    with_gpu = [c for c in containers if _has_gpu_limit(c)]
+    if with_gpu:
+        return with_gpu
+    if len(containers) == 1:
+        return containers
+    raise ContractError(
+        INJECT_CONTAINER, "",
+        f"the pod has {len(containers)} containers ({', '.join(names)}) and none has a GPU limit; "
+        f"name the GPU container in {INJECT_CONTAINER}",
+    )
+
+
+def _profile(annotations: Mapping[str, Any], namespace: str,
+             view: ClusterView) -> tuple[dict[str, str], str | None]:
+    raw = annotations.get(WORKLOAD_PROFILE)
+    if not isinstance(raw, str) or not raw.strip():
+        return {}, None
+    name = raw.strip()
+    profile = view.profile(namespace, name)
+    if profile is None:
+        raise ContractError(WORKLOAD_PROFILE, raw, f"no such WorkloadProfile in namespace {namespace}")
+    return profile_annotations(profile.get("spec") or {}), f"WorkloadProfile {namespace}/{name}"
+
+
+def _pool_defaults(pool: KubeObject | None) -> PoolDefaults | None:
+    if pool is None:
+        return None
+    raw = ((pool.get("spec") or {}).get("qosConfig") or {}).get("defaultQoS")
+    default_qos = QoS(raw) if raw in {q.value for q in QoS} else None
+    return PoolDefaults(name=name_of(pool), default_qos=default_qos)
+
+
+def _template_autoscale(request: GPURequest, view: ClusterView, labels: Mapping[str, Any],
+                        *, explicit_target: bool) -> GPURequest:
+    """Autoscaling from the first matching, enabled vertical scaling rule of the pool's template."""
+    pool = view.pool(request.pool)
+    template_name = ((pool or {}).get("spec") or {}).get("schedulingConfigTemplate")
+    template = view.template(str(template_name)) if template_name else None
+    if template is None:
+        return request
+    rules = (template.get("spec") or {}).get("verticalScalingRules") or []
+    string_labels = {str(k): str(v) for k, v in labels.items()}
+    for position, rule in enumerate(rules):
+        if not isinstance(rule, dict):
+            continue
+        auto = ((rule.get("autoScaling") or {}).get("autoSetResources")) or {}
+        try:
+            selected = matches(rule.get("selector"), string_labels)
+        except SelectorError:
+            selected = False  # a malformed rule selects nothing
+        if not selected or auto.get("enable") is not True:
+            continue
+        target = request.autoscale_target
+        raw_target = auto.get("targetResource")
+        if raw_target and not explicit_target:
+            try:
+                target = AutoscaleTarget(raw_target)
+            except ValueError as exc:
+                rule_name = rule.get("name") or f"#{position}"
+                allowed = ", ".join(t.value for t in AutoscaleTarget)
+                raise ContractError(AUTOSCALE_TARGET, raw_target, f"unknown value; allowed: {allowed}",
+                                    f"SchedulingConfigTemplate {name_of(template)} rule {rule_name}") from exc
+        return request.model_copy(update={"autoscale": True, "autoscale_target": target})
+    return request
+
+
+def _set_index(containers: list[dict[str, Any]], index: int) -> None:
+    existing = next((i for c in containers if (i := decode_index(_limits(c))) is not None), None)
+    resource, quantity = index_resource(existing or index)
+    for container in containers:
+        resources = container.setdefault("resources", {})
+        for part in ("limits", "requests"):
+            values = {
+                name: value for name, value in (resources.get(part) or {}).items()
+                if name not in NATIVE_GPU_RESOURCES
+                and not (str(name).startswith(INDEX_RESOURCE_PREFIX) and name != resource)
+            }
+            if values.get(resource) != str(quantity):
+                values[resource] = str(quantity)
+            resources[part] = values
+
+
+def _is_used_by_toleration(toleration: Any) -> bool:
+    if not isinstance(toleration, dict) or toleration.get("key") != USED_BY_TAINT_KEY:
+        return False
+    operator = toleration.get("operator") or "Equal"
+    effect = toleration.get("effect") or ""
+    value_ok = operator == "Exists" or toleration.get("value") == USED_BY_TAINT_VALUE
+    return value_ok and effect in ("", TOLERATION_EFFECT)

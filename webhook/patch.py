@@ -1,0 +1,49 @@
+"""RFC 6902 JSON Patch between two JSON documents.
+
+The patch is computed as a structural diff of the pod before and after mutation, so it always applies
+cleanly to the object the API server sent, creates missing parents (a whole new map is one ``add``), and is
+empty when the mutation changed nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PatchOp = dict[str, Any]
+
+
+def escape_pointer_token(token: str) -> str:
+    """RFC 6901: ``~`` becomes ``~0`` and ``/`` becomes ``~1`` (in that order)."""
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def pointer(*tokens: str | int) -> str:
+    return "".join("/" + escape_pointer_token(str(token)) for token in tokens)
+
+
+def diff(before: Any, after: Any) -> list[PatchOp]:
+    """Operations that turn ``before`` into ``after``."""
+    ops: list[PatchOp] = []
+    _diff(before, after, (), ops)
+    return ops
+
+
+def _diff(before: Any, after: Any, path: tuple[str | int, ...], ops: list[PatchOp]) -> None:
+    if isinstance(before, dict) and isinstance(after, dict):
+        for key in before:
+            if key not in after:
+                ops.append({"op": "remove", "path": pointer(*path, key)})
+        for key, value in after.items():
+            if key not in before:
+                ops.append({"op": "add", "path": pointer(*path, key), "value": value})
+            else:
+                _diff(before[key], value, (*path, key), ops)
+        return
+    if isinstance(before, list) and isinstance(after, list) and len(after) >= len(before):
+        for position, value in enumerate(before):
+            _diff(value, after[position], (*path, position), ops)
+        for position in range(len(before), len(after)):
+            ops.append({"op": "add", "path": pointer(*path, position), "value": after[position]})
+        return
+    if before != after or type(before) is not type(after):
+        ops.append({"op": "replace", "path": pointer(*path), "value": after})

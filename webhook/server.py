@@ -1,0 +1,129 @@
+"""The webhook's HTTP application: ``POST /mutate``, ``/healthz``, ``/readyz`` and ``/metrics``.
+
+Every request to ``/mutate`` gets an answer within the request timeout: a patch, a denial, or (when no
+request uid can be recovered) an HTTP error with a message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from webhook.admission import Decision, Outcome, ReviewError, admit, deny, parse_review
+from webhook.index import IndexAllocator
+from webhook.metrics import CONTENT_TYPE, WebhookMetrics
+from webhook.view import ClusterView, KubeObject
+
+log = logging.getLogger("webhook.server")
+
+MAX_BODY_BYTES = 3 * 1024 * 1024
+# Below the API server's webhook timeoutSeconds (10 in the shipped configuration), so we answer first.
+DEFAULT_REQUEST_TIMEOUT = 8.0
+DEFAULT_SCHEDULER_NAME = "tensor-fusion-scheduler"
+
+ViewProvider = Callable[[KubeObject, str], Awaitable[ClusterView]]
+
+
+class WebhookService:
+    """What the handlers need: the per-request view, readiness, the index allocator and metrics."""
+
+    def __init__(self, view_for: ViewProvider, ready: Callable[[], bool], *,
+                 scheduler_name: str = DEFAULT_SCHEDULER_NAME, allocator: IndexAllocator | None = None,
+                 metrics: WebhookMetrics | None = None,
+                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> None:
+        self.view_for = view_for
+        self.ready = ready
+        self.scheduler_name = scheduler_name
+        self.allocator = allocator or IndexAllocator()
+        self.metrics = metrics or WebhookMetrics()
+        self.request_timeout = request_timeout
+
+
+SERVICE_KEY = web.AppKey("service", WebhookService)
+MAX_BODY_KEY = web.AppKey("max_body_bytes", int)
+
+
+def create_app(service: WebhookService, *, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
+    app = web.Application(client_max_size=max_body_bytes)
+    app[SERVICE_KEY] = service
+    app[MAX_BODY_KEY] = max_body_bytes
+    app.router.add_post("/mutate", handle_mutate)
+    app.router.add_get("/healthz", handle_healthz)
+    app.router.add_get("/readyz", handle_readyz)
+    app.router.add_get("/metrics", handle_metrics)
+    return app
+
+
+async def handle_healthz(_request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+async def handle_readyz(request: web.Request) -> web.Response:
+    if request.app[SERVICE_KEY].ready():
+        return web.Response(text="ok")
+    return web.Response(status=503, text="caches not synced yet")
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    body = request.app[SERVICE_KEY].metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def handle_mutate(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    started = time.perf_counter()
+    uid: str | None = None
+    fields: dict[str, Any] = {}
+    try:
+        async with asyncio.timeout(service.request_timeout):
+            body = await request.read()
+            review = parse_review(body)
+            uid = review.request.uid
+            fields = {"uid": uid, "operation": review.request.operation,
+                      "namespace": review.request.namespace, "pod": _pod_name(review.request.object)}
+            view = await service.view_for(review.request.object or {}, review.request.namespace or "default")
+            decision = admit(review.request, view, scheduler_name=service.scheduler_name,
+                             next_index=service.allocator.next)
+        response = web.json_response(decision.response)
+    except web.HTTPRequestEntityTooLarge:
+        message = f"AdmissionReview larger than {request.app[MAX_BODY_KEY]} bytes"
+        decision = Decision({}, Outcome.ERROR, "review-too-large", message)
+        response = _error(413, message)
+    except ReviewError as exc:
+        uid = exc.uid
+        outcome = Outcome.DENIED if uid else Outcome.ERROR
+        decision = Decision({}, outcome, "malformed-review", str(exc))
+        response = web.json_response(deny(uid, str(exc), 400)) if uid else _error(400, str(exc))
+    except TimeoutError:
+        message = f"admission timed out after {service.request_timeout}s"
+        decision = Decision({}, Outcome.ERROR, "timeout", message)
+        response = web.json_response(deny(uid, message, 504)) if uid else _error(504, message)
+    except Exception:
+        log.exception("admission failed", extra=fields)
+        message = "internal error while mutating the pod; see the webhook log"
+        decision = Decision({}, Outcome.ERROR, "internal", message)
+        response = web.json_response(deny(uid, message, 500)) if uid else _error(500, message)
+    elapsed = time.perf_counter() - started
+    # Every answer that is a denial review (rather than an HTTP error) counts as a denial.
+    denied = decision.outcome is Outcome.DENIED or (decision.outcome is Outcome.ERROR and uid is not None)
+    service.metrics.observe(elapsed, decision.outcome, decision.reason if denied else None)
+    log.info("admission", extra={**fields, "outcome": decision.outcome.value, "reason": decision.reason,
+                                 "detail": decision.message, "duration_ms": round(elapsed * 1000, 3)})
+    return response
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"message": message}, status=status)
+
+
+def _pod_name(pod: KubeObject | None) -> str | None:
+    metadata = (pod or {}).get("metadata")
+    if not isinstance(metadata, dict):
+        return None
+    return str(metadata.get("name") or metadata.get("generateName") or "") or None
+
