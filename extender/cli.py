@@ -1,0 +1,98 @@
+"""``tf-extender``: run the scheduler extender, or simulate placements offline."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import TYPE_CHECKING
+
+from extender.state import InventorySource
+
+if TYPE_CHECKING:
+    from extender.service import ExtenderService
+
+log = logging.getLogger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tf-extender", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the kube-scheduler HTTP extender")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--bind-address", default="127.0.0.1")
+    serve.add_argument("--prefix", default="/scheduler", help="URL prefix of the verbs (default /scheduler)")
+    serve.add_argument("--kubeconfig", default=None,
+                       help="kubeconfig file (default: in-cluster service account, else ~/.kube/config)")
+    serve.add_argument("--cert-dir", default=None, help="serve HTTPS with tls.crt/tls.key from this folder")
+    serve.add_argument("--inventory-source", default=InventorySource.AUTO.value,
+                       choices=[s.value for s in InventorySource])
+    serve.add_argument("--max-pods-per-node", type=_positive, default=256)
+    serve.add_argument("--no-preemptor", action="store_true",
+                       help="do not delete lower-priority GPU pods for pods that fit nowhere")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    simulate = commands.add_parser("simulate", help="place pods on a cluster snapshot, offline")
+    try:
+        from extender.simulate import add_simulate_arguments
+    except ImportError:  # the simulator ships separately from the server
+        simulate.set_defaults(simulate_missing=True)
+    else:
+        add_simulate_arguments(simulate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "simulate":
+        if getattr(args, "simulate_missing", False):
+            print("tf-extender: the simulator is not installed", file=sys.stderr)
+            return 2
+        from extender.simulate import main_simulate
+
+        return int(main_simulate(args))
+    return serve(args)
+
+
+def serve(args: argparse.Namespace) -> int:
+    from certs.authority import CertificateError
+    from extender.kube.client import KubeConfigError, load_api_client
+    from extender.logs import setup_logging
+    from extender.service import ExtenderService, Settings
+
+    setup_logging(args.log_level)
+    try:
+        api_client = load_api_client(args.kubeconfig)
+    except KubeConfigError as exc:
+        print(f"tf-extender: {exc}", file=sys.stderr)
+        return 2
+    settings = Settings(
+        port=args.port, bind_address=args.bind_address, prefix=args.prefix, cert_dir=args.cert_dir,
+        inventory=InventorySource(args.inventory_source), max_pods_per_node=args.max_pods_per_node,
+        preemptor=not args.no_preemptor,
+    )
+    try:
+        asyncio.run(_run(ExtenderService(api_client, settings)))
+    except (OSError, CertificateError) as exc:  # port in use, unreadable certificates ...
+        log.error("cannot serve", extra={"error": str(exc)})
+        print(f"tf-extender: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _run(service: ExtenderService) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await service.run(stop)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value

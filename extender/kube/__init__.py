@@ -1,0 +1,1 @@
+"""Kubernetes I/O shared by the extender and the webhook: client, resources, watch caches, events."""

@@ -1,0 +1,153 @@
+"""Posting core/v1 Events about objects, from a background task.
+
+``record`` never blocks and never raises: events are best effort. An identical (object, reason,
+message) seen again within the window is folded into the earlier Event (count and lastTimestamp)
+instead of creating a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+
+from extender.kube.client import api_call, error_message, error_status, request_json
+from extender.kube.resources import EVENTS, collection_path, object_path
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE = 1024
+
+
+@dataclass
+class _Posted:
+    name: str
+    namespace: str
+    count: int
+    first: str
+    last_sent: float
+
+
+EventKey = tuple[str, str, str, str, str]
+
+
+class EventRecorder:
+    def __init__(self, api_client: client.ApiClient, component: str, *, window: float = 60.0,
+                 max_queued: int = 1000, clock: Callable[[], float] = time.monotonic) -> None:
+        self.api_client = api_client
+        self.component = component
+        self.window = window
+        self._clock = clock
+        self._queue: asyncio.Queue[tuple[dict[str, Any], str, str, str]] = asyncio.Queue(max_queued)
+        self._posted: dict[EventKey, _Posted] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._instance = (os.environ.get("POD_NAME") or socket.gethostname())[:128]
+
+    def record(self, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+        try:
+            self._queue.put_nowait((obj, reason, message[:MAX_MESSAGE], type_))
+        except asyncio.QueueFull:
+            log.warning("event dropped: queue full", extra={"reason": reason})
+        except Exception:
+            log.exception("event dropped")
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._drain(), name=f"events-{self.component}")
+
+    async def stop(self, flush_timeout: float = 2.0) -> None:
+        """Post what is queued (up to ``flush_timeout``), then stop."""
+        if self._task is None:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._queue.join(), flush_timeout)
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
+
+    async def _drain(self) -> None:
+        while True:
+            obj, reason, message, type_ = await self._queue.get()
+            try:
+                await self._post(obj, reason, message, type_)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("event not posted", extra={"reason": reason, "error": error_message(exc)})
+            finally:
+                self._queue.task_done()
+
+    async def _post(self, obj: dict[str, Any], reason: str, message: str, type_: str) -> None:
+        involved = involved_object(obj)
+        key: EventKey = (involved.get("uid", ""), involved["kind"], involved["name"], reason, message)
+        now = self._clock()
+        self._forget_older_than(now - self.window)
+        stamp = _timestamp()
+        earlier = self._posted.get(key)
+        if earlier is not None:
+            earlier.count += 1
+            earlier.last_sent = now
+            patch = {"count": earlier.count, "lastTimestamp": stamp}
+            try:
+                await api_call(request_json, self.api_client, "PATCH",
+                               object_path(EVENTS, earlier.name, earlier.namespace), body=patch,
+                               content_type="application/merge-patch+json")
+                return
+            except Exception as exc:
+                if error_status(exc) != 404:
+                    raise
+        body = self.event_body(involved, reason, message, type_, stamp)
+        namespace = body["metadata"]["namespace"]
+        await api_call(request_json, self.api_client, "POST", collection_path(EVENTS, namespace), body=body)
+        self._posted[key] = _Posted(body["metadata"]["name"], namespace, 1, stamp, now)
+
+    def event_body(self, involved: dict[str, str], reason: str, message: str, type_: str,
+                   stamp: str) -> dict[str, Any]:
+        namespace = involved.get("namespace") or "default"
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{involved['name']}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message,
+            "type": type_,
+            "count": 1,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "reportingInstance": self._instance,
+        }
+
+    def _forget_older_than(self, horizon: float) -> None:
+        for key in [k for k, p in self._posted.items() if p.last_sent < horizon]:
+            del self._posted[key]
+
+
+def involved_object(obj: dict[str, Any]) -> dict[str, str]:
+    metadata = obj.get("metadata") or {}
+    involved = {
+        "apiVersion": str(obj.get("apiVersion") or "v1"),
+        "kind": str(obj.get("kind") or "Pod"),
+        "name": str(metadata.get("name", "")),
+    }
+    for field, source in (("namespace", "namespace"), ("uid", "uid"), ("resourceVersion", "resourceVersion")):
+        if metadata.get(source):
+            involved[field] = str(metadata[source])
+    return involved
+
+
+def _timestamp() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,105 @@
+"""Prometheus metrics of the extender, on a registry of its own."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+@dataclass(frozen=True)
+class NodeUse:
+    node: str
+    pool: str
+    tflops_percent: float
+    vram_percent: float
+
+
+@dataclass(frozen=True)
+class PoolUse:
+    pool: str
+    tflops_percent: float
+    vram_percent: float
+
+
+# Rejection messages carry numbers and names; the metric keeps a short class of them.
+_REASON_CLASSES = (
+    ("not_ready", re.compile(r"not ready|not synced", re.I)),
+    ("pod_limit", re.compile(r"GPU pods \(limit", re.I)),
+    ("no_gpus", re.compile(r"no GPUs known|no GPU in pool", re.I)),
+    ("model_mismatch", re.compile(r"no GPU of model", re.I)),
+    ("vendor_mismatch", re.compile(r"no GPU of vendor", re.I)),
+    ("indices_mismatch", re.compile(r"no GPU with index", re.I)),
+    ("gpu_not_schedulable", re.compile(r"no Running GPU", re.I)),
+    ("too_large", re.compile(r"exceeds the largest GPU|large enough", re.I)),
+    ("too_few_gpus", re.compile(r"matching GPUs .*this node has", re.I)),
+    ("no_idle_gpu", re.compile(r"idle", re.I)),
+    ("insufficient_capacity", re.compile(r"\bfree\b|\bfit\b|busy", re.I)),
+    ("bad_request", re.compile(r"tensor-fusion\.ai/|invalid|malformed", re.I)),
+)
+
+
+def reason_class(message: str) -> str:
+    for name, pattern in _REASON_CLASSES:
+        if pattern.search(message):
+            return name
+    return "other"
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.request_duration = Histogram(
+            "tf_extender_request_duration_seconds", "Time to answer a scheduler call, by verb",
+            ["verb"], buckets=_BUCKETS, registry=r)
+        self.requests = Counter(
+            "tf_extender_requests_total", "Scheduler calls by verb and outcome", ["verb", "outcome"],
+            registry=r)
+        self.filter_rejections = Counter(
+            "tf_extender_filter_rejections_total", "Nodes filtered out, by reason class", ["reason"],
+            registry=r)
+        self.binds = Counter("tf_extender_binds_total", "Bind calls by outcome", ["outcome"], registry=r)
+        self.node_allocated = Gauge(
+            "tf_extender_node_allocated_percent", "Allocated share of a node's GPUs",
+            ["node", "pool", "resource"], registry=r)
+        self.pool_allocated = Gauge(
+            "tf_extender_pool_allocated_percent", "Allocated share of a pool's GPUs", ["pool", "resource"],
+            registry=r)
+        self.partially_used = Gauge(
+            "tf_extender_partially_used_gpus", "GPUs that are neither idle nor full", registry=r)
+        self.preemptions = Counter(
+            "tf_extender_preemptions_total", "Pods deleted to make room for higher-priority GPU pods",
+            ["outcome"], registry=r)
+        self._refresh: Callable[[], None] | None = None
+
+    def count_rejections(self, messages: Iterable[str]) -> None:
+        for message in messages:
+            self.filter_rejections.labels(reason_class(message)).inc()
+
+    def set_utilisation(self, nodes: Iterable[NodeUse], pools: Iterable[PoolUse],
+                        partially_used: int) -> None:
+        """Replace the gauges' series (nodes that left the cluster disappear)."""
+        self.node_allocated.clear()
+        for n in nodes:
+            self.node_allocated.labels(n.node, n.pool, "tflops").set(n.tflops_percent)
+            self.node_allocated.labels(n.node, n.pool, "vram").set(n.vram_percent)
+        self.pool_allocated.clear()
+        for p in pools:
+            self.pool_allocated.labels(p.pool, "tflops").set(p.tflops_percent)
+            self.pool_allocated.labels(p.pool, "vram").set(p.vram_percent)
+        self.partially_used.set(partially_used)
+
+    def on_scrape(self, refresh: Callable[[], None]) -> None:
+        self._refresh = refresh
+
+    def render(self) -> bytes:
+        if self._refresh is not None:
+            self._refresh()
+        return generate_latest(self.registry)

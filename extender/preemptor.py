@@ -1,0 +1,134 @@
+"""Preemption the scheduler cannot see: GPU shares.
+
+kube-scheduler only asks an extender to refine victims on nodes where its own filters found some;
+a pod that fails only on GPU capacity never gets there. So when filter finds no node for a pod that
+may preempt, this worker asks the core for a node and the fewest lower-priority GPU pods whose
+release makes room, and deletes them. The scheduler retries the pod once they are gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from extender.binder import EventSink
+from extender.kube.client import error_message, error_status
+from extender.kube.pods import PodApi
+from extender.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class VictimLike(Protocol):
+    @property
+    def uid(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def priority(self) -> int: ...
+
+
+class PreemptState(Protocol):
+    def find_preemption(self, pod: dict[str, Any]) -> tuple[str, Sequence[VictimLike]] | None: ...
+
+
+class OutcomeLike(Protocol):
+    @property
+    def fits(self) -> list[str]: ...
+    @property
+    def failed(self) -> dict[str, str]: ...
+    @property
+    def error(self) -> str | None: ...
+
+
+def may_preempt(pod: dict[str, Any]) -> bool:
+    spec = pod.get("spec") or {}
+    terminating = (pod.get("metadata") or {}).get("deletionTimestamp")
+    return spec.get("preemptionPolicy") != "Never" and not terminating
+
+
+def _key(pod: dict[str, Any]) -> str:
+    metadata = pod.get("metadata") or {}
+    return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+
+
+def _uid(pod: dict[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("uid", ""))
+
+
+class Preemptor:
+    def __init__(self, state: PreemptState, api: PodApi, events: EventSink, metrics: Metrics | None = None,
+                 *, max_remembered: int = 10_000) -> None:
+        self.state = state
+        self.api = api
+        self.events = events
+        self.metrics = metrics
+        self.max_remembered = max_remembered
+        self._pending: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._wake = asyncio.Event()
+        self._done: OrderedDict[str, set[frozenset[str]]] = OrderedDict()  # pod uid -> victim sets
+
+    def consider(self, pod: dict[str, Any], outcome: OutcomeLike) -> None:
+        """Called after filter: queue the pod when no node fits but evicting pods could help."""
+        if outcome.fits or outcome.error or not outcome.failed or not may_preempt(pod):
+            return
+        self._pending[_key(pod)] = pod  # the latest copy of a pod queued twice wins
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                _, pod = self._pending.popitem(last=False)
+                try:
+                    await self.preempt_for(pod)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("preemption failed", extra={"pod": _key(pod)})
+
+    async def preempt_for(self, pod: dict[str, Any]) -> list[str]:
+        """Delete the victims the core chooses for ``pod``; returns the deleted pods' keys."""
+        choice = self.state.find_preemption(pod)
+        if choice is None:
+            return []
+        node, victims = choice
+        victim_set = frozenset(v.uid for v in victims)
+        done = self._done.setdefault(_uid(pod), set())
+        self._done.move_to_end(_uid(pod))
+        if not victims or victim_set in done:
+            return []  # this set is already being deleted: the retry must not delete again
+        done.add(victim_set)
+        while len(self._done) > self.max_remembered:
+            self._done.popitem(last=False)
+        names = ", ".join(f"{v.namespace}/{v.name}" for v in victims)
+        self.events.record(pod, "PreemptingGPUPods",
+                           f"deleting lower-priority GPU pods {names} on node {node} to free GPU capacity")
+        deleted = []
+        for victim in victims:
+            victim_ref = {"apiVersion": "v1", "kind": "Pod",
+                          "metadata": {"name": victim.name, "namespace": victim.namespace, "uid": victim.uid}}
+            try:
+                await self.api.delete(victim.namespace, victim.name, victim.uid)
+            except Exception as exc:
+                if error_status(exc) in (404, 409):  # already gone, or replaced by a new pod
+                    continue
+                log.warning("could not delete victim", extra={"pod": _key(pod), "error": error_message(exc),
+                                                             "victim": f"{victim.namespace}/{victim.name}"})
+                done.discard(victim_set)  # let a later retry try again
+                if self.metrics is not None:
+                    self.metrics.preemptions.labels("error").inc()
+                continue
+            deleted.append(f"{victim.namespace}/{victim.name}")
+            self.events.record(victim_ref, "Preempted",
+                               f"Preempted by {_key(pod)} on node {node} to free GPU capacity", "Warning")
+            if self.metrics is not None:
+                self.metrics.preemptions.labels("deleted").inc()
+        log.info("preempted", extra={"pod": _key(pod), "node": node, "victims": deleted})
+        return deleted

@@ -1,0 +1,194 @@
+"""The HTTP face of the extender: the four scheduler verbs plus health, readiness and metrics.
+
+Every verb answers something the scheduler understands, whatever it was sent: filter, bind and
+preempt put problems in ``Error``; prioritize (whose answer is a bare list) answers 400 or 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from extender.binder import Binder
+from extender.metrics import CONTENT_TYPE, Metrics
+from extender.protocol import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+    HostPriority,
+    MetaPod,
+    MetaVictims,
+    filter_error,
+    filter_result,
+)
+from extender.state import ClusterState, FilterOutcome
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+FilterObserver = Callable[[dict[str, Any], FilterOutcome], None]
+
+DEFAULT_PREFIX = "/scheduler"
+DEFAULT_DEADLINE = 4.0  # kube-scheduler's extender httpTimeout defaults to 5 s
+DEFAULT_MAX_BODY = 64 * 1024 * 1024  # full-Node filter calls of a large cluster are big
+
+STATE_KEY = web.AppKey("state", ClusterState)
+METRICS_KEY = web.AppKey("metrics", Metrics)
+
+
+class BadRequest(Exception):
+    """The body is not a message of the expected shape."""
+
+
+class Handlers:
+    def __init__(self, state: ClusterState, binder: Binder, metrics: Metrics, *,
+                 unsynced: Callable[[], list[str]], observers: Sequence[FilterObserver] = (),
+                 deadline: float = DEFAULT_DEADLINE) -> None:
+        self.state = state
+        self.binder = binder
+        self.metrics = metrics
+        self.unsynced = unsynced
+        self.observers = list(observers)
+        self.deadline = deadline
+
+    def _not_ready(self) -> str | None:
+        waiting = self.unsynced()
+        return f"extender not ready: caches not synced yet ({', '.join(waiting)})" if waiting else None
+
+    async def _parse(self, request: web.Request, model: type[M]) -> M:
+        try:
+            async with asyncio.timeout(self.deadline / 2):
+                raw = await request.read()
+        except web.HTTPRequestEntityTooLarge as exc:
+            raise BadRequest(f"request body too large: {exc.text}") from exc
+        except TimeoutError as exc:
+            raise BadRequest("request body not received in time") from exc
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"request body is not JSON: {exc}") from exc
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()[:5])
+            raise BadRequest(f"malformed {model.__name__.removesuffix('Args')} request: {problems}") from exc
+
+    async def _timed(self, verb: str, handle: Callable[[], Awaitable[tuple[web.StreamResponse, str]]]
+                     ) -> web.StreamResponse:
+        started = time.perf_counter()
+        response, outcome = await handle()
+        self.metrics.request_duration.labels(verb).observe(time.perf_counter() - started)
+        self.metrics.requests.labels(verb, outcome).inc()
+        return response
+
+    async def filter(self, request: web.Request) -> web.StreamResponse:
+        async def handle() -> tuple[web.StreamResponse, str]:
+            try:
+                args = await self._parse(request, ExtenderArgs)
+            except BadRequest as exc:
+                return _json(filter_error(str(exc)).wire()), "bad_request"
+            if (problem := self._not_ready()) is not None:
+                return _json(filter_error(problem).wire()), "not_ready"
+            outcome = self.state.filter(args.pod, args.candidate_names())
+            self.metrics.count_rejections([*outcome.failed.values(), *outcome.unresolvable.values()])
+            for observe in self.observers:
+                try:
+                    observe(args.pod, outcome)
+                except Exception:
+                    log.exception("filter observer failed")
+            result = filter_result(args, outcome.fits, outcome.failed, outcome.unresolvable,
+                                   outcome.error or "")
+            return _json(result.wire()), "error" if outcome.error else "ok"
+
+        return await self._timed("filter", handle)
+
+    async def prioritize(self, request: web.Request) -> web.StreamResponse:
+        async def handle() -> tuple[web.StreamResponse, str]:
+            try:
+                args = await self._parse(request, ExtenderArgs)
+            except BadRequest as exc:
+                return _json({"error": str(exc)}, status=400), "bad_request"
+            if (problem := self._not_ready()) is not None:
+                return _json({"error": problem}, status=503), "not_ready"
+            scores = self.state.prioritize(args.pod, args.candidate_names())
+            return _json([HostPriority(host=h, score=s).wire() for h, s in scores]), "ok"
+
+        return await self._timed("prioritize", handle)
+
+    async def bind(self, request: web.Request) -> web.StreamResponse:
+        async def handle() -> tuple[web.StreamResponse, str]:
+            try:
+                args = await self._parse(request, ExtenderBindingArgs)
+            except BadRequest as exc:
+                return _json(ExtenderBindingResult(error=str(exc)).wire()), "bad_request"
+            if (problem := self._not_ready()) is not None:
+                return _json(ExtenderBindingResult(error=problem).wire()), "not_ready"
+            task = self.binder.start_bind(args)
+            try:
+                # shield: on timeout the bind goes on (and cleans up after itself) in the background
+                error = await asyncio.wait_for(asyncio.shield(task), self.deadline)
+            except TimeoutError:
+                error = (f"bind of {args.pod_namespace}/{args.pod_name} still in progress "
+                         f"after {self.deadline}s")
+                return _json(ExtenderBindingResult(error=error).wire()), "timeout"
+            return _json(ExtenderBindingResult(error=error).wire()), "error" if error else "ok"
+
+        return await self._timed("bind", handle)
+
+    async def preempt(self, request: web.Request) -> web.StreamResponse:
+        async def handle() -> tuple[web.StreamResponse, str]:
+            try:
+                args = await self._parse(request, ExtenderPreemptionArgs)
+            except BadRequest as exc:
+                return _json(ExtenderPreemptionResult(error=str(exc)).wire()), "bad_request"
+            if (problem := self._not_ready()) is not None:
+                return _json(ExtenderPreemptionResult(error=problem).wire()), "not_ready"
+            options = self.state.preempt(args.pod, args.candidate_names())
+            result = ExtenderPreemptionResult(node_to_meta_victims={
+                node: MetaVictims(pods=[MetaPod(uid=v.uid) for v in victims], num_pdb_violations=0)
+                for node, victims in options.items()
+            })
+            return _json(result.wire()), "ok"
+
+        return await self._timed("preempt", handle)
+
+    async def healthz(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(text="ok")
+
+    async def readyz(self, request: web.Request) -> web.StreamResponse:
+        problem = self._not_ready()
+        return web.Response(text=problem or "ok", status=503 if problem else 200)
+
+    async def metrics_page(self, request: web.Request) -> web.StreamResponse:
+        body = self.metrics.render()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def create_app(handlers: Handlers, *, prefix: str = DEFAULT_PREFIX,
+               max_body: int = DEFAULT_MAX_BODY) -> web.Application:
+    app = web.Application(client_max_size=max_body)
+    app[STATE_KEY] = handlers.state
+    app[METRICS_KEY] = handlers.metrics
+    prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
+    app.router.add_post(f"{prefix}/filter", handlers.filter)
+    app.router.add_post(f"{prefix}/prioritize", handlers.prioritize)
+    app.router.add_post(f"{prefix}/bind", handlers.bind)
+    app.router.add_post(f"{prefix}/preempt", handlers.preempt)
+    app.router.add_get("/healthz", handlers.healthz)
+    app.router.add_get("/readyz", handlers.readyz)
+    app.router.add_get("/metrics", handlers.metrics_page)
+    return app
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.json_response(body, status=status, dumps=lambda v: json.dumps(v, separators=(",", ":")))

@@ -1,0 +1,145 @@
+"""Wiring of the extender: watch caches feeding the cluster state, the binder, the preemptor, the
+HTTP server, and an orderly shutdown.
+
+What the caches watch:
+
+- Nodes, GPUs (``gpus.tensor-fusion.ai``), GPUPools and SchedulingConfigTemplates: everything.
+- Pods: only those labelled ``tensor-fusion.ai/component=worker``. The webhook writes that label on
+  every GPU pod and the binder adds it when a pod arrives without it, so every pod that can carry
+  ``tensor-fusion.ai/gpu-ids`` is seen, while the (usually far larger) rest of the cluster's pods is
+  not held in memory. A label selector cannot express "has the gpu-ids annotation".
+
+The custom resources are optional: a cluster without the CRD installed counts as having none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from kubernetes import client
+
+from extender.binder import Binder
+from extender.contract import COMPONENT_LABEL, COMPONENT_WORKER
+from extender.kube import resources
+from extender.kube.events import EventRecorder
+from extender.kube.informer import WatchCache
+from extender.kube.pods import KubePodApi
+from extender.metrics import Metrics, NodeUse, PoolUse
+from extender.preemptor import Preemptor
+from extender.server import DEFAULT_DEADLINE, DEFAULT_PREFIX, FilterObserver, Handlers, create_app
+from extender.state import ClusterState, InventorySource, Kind
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "tensor-fusion-extender"
+POD_SELECTOR = f"{COMPONENT_LABEL}={COMPONENT_WORKER}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    port: int = 8080
+    bind_address: str = "127.0.0.1"
+    prefix: str = DEFAULT_PREFIX
+    cert_dir: str | None = None
+    cert_interval: float = 30.0
+    inventory: InventorySource = InventorySource.AUTO
+    max_pods_per_node: int = 256
+    preemptor: bool = True
+    deadline: float = DEFAULT_DEADLINE
+    shutdown_timeout: float = 15.0
+
+
+def build_caches(api_client: client.ApiClient, state: ClusterState,
+                 inventory: InventorySource) -> dict[str, WatchCache]:
+    def feed(kind: Kind) -> Callable[[str, dict[str, Any]], None]:
+        return lambda event, obj: state.apply(kind, event, obj)
+
+    caches = {
+        "nodes": WatchCache(api_client, resources.NODES, on_change=feed(Kind.NODE), name="nodes"),
+        "pods": WatchCache(api_client, resources.PODS, label_selector=POD_SELECTOR, on_change=feed(Kind.POD),
+                           name="pods"),
+        "gpupools": WatchCache(api_client, resources.GPU_POOLS, on_change=feed(Kind.POOL), name="gpupools",
+                               optional=True),
+        "schedulingconfigtemplates": WatchCache(
+            api_client, resources.SCHEDULING_CONFIG_TEMPLATES, on_change=feed(Kind.TEMPLATE),
+            name="schedulingconfigtemplates", optional=True),
+    }
+    if inventory is not InventorySource.NODE_LABELS:
+        caches["gpus"] = WatchCache(api_client, resources.GPUS, on_change=feed(Kind.GPU), name="gpus",
+                                    optional=inventory is InventorySource.AUTO)
+    return caches
+
+
+class ExtenderService:
+    def __init__(self, api_client: client.ApiClient, settings: Settings,
+                 observers: Sequence[FilterObserver] = ()) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.state = ClusterState(inventory=settings.inventory, max_pods_per_node=settings.max_pods_per_node)
+        self.caches = build_caches(api_client, self.state, settings.inventory)
+        self.recorder = EventRecorder(api_client, COMPONENT)
+        pod_api = KubePodApi(api_client)
+        self.binder = Binder(self.state, self.caches["pods"], pod_api, self.recorder, self.metrics)
+        self.preemptor = (Preemptor(self.state, pod_api, self.recorder, self.metrics)
+                          if settings.preemptor else None)
+        all_observers = list(observers) + ([self.preemptor.consider] if self.preemptor else [])
+        self.handlers = Handlers(self.state, self.binder, self.metrics, unsynced=self.unsynced,
+                                 observers=all_observers, deadline=settings.deadline)
+        self.metrics.on_scrape(self.refresh_gauges)
+
+    def unsynced(self) -> list[str]:
+        return [name for name, cache in self.caches.items() if not cache.synced.is_set()]
+
+    def refresh_gauges(self) -> None:
+        use = self.state.utilisation()
+        nodes = []
+        for node, figures in use.nodes.items():
+            names = sorted({gpu.pool for gpu in self.state.node_gpus(node) if gpu.pool})
+            nodes.append(NodeUse(node, ",".join(names), figures.tflops_percent, figures.vram_percent))
+        pools = [PoolUse(pool, f.tflops_percent, f.vram_percent) for pool, f in use.pools.items()]
+        self.metrics.set_utilisation(nodes, pools, use.partially_used_gpus)
+
+    def app(self) -> web.Application:
+        return create_app(self.handlers, prefix=self.settings.prefix)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set, then stop accepting, finish in-flight binds and return."""
+        tasks = [asyncio.create_task(cache.run(), name=f"watch-{name}")
+                 for name, cache in self.caches.items()]
+        if self.preemptor is not None:
+            tasks.append(asyncio.create_task(self.preemptor.run(), name="preemptor"))
+        await self.recorder.start()
+        ssl_context = None
+        if self.settings.cert_dir:
+            from certs.reload import serving_context, watch_certificates
+
+            ssl_context = serving_context(self.settings.cert_dir)
+            tasks.append(asyncio.create_task(
+                watch_certificates(ssl_context, self.settings.cert_dir, self.settings.cert_interval),
+                name="certificates"))
+        runner = web.AppRunner(self.app(), shutdown_timeout=self.settings.shutdown_timeout,
+                               access_log=None)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self.settings.bind_address, self.settings.port,
+                               ssl_context=ssl_context)
+            await site.start()
+            log.info("serving", extra={"address": self.settings.bind_address, "port": self.settings.port,
+                                       "tls": ssl_context is not None, "prefix": self.settings.prefix})
+            await stop.wait()
+            log.info("shutting down")
+        finally:
+            await runner.cleanup()  # stops listening, then waits for requests in flight
+            await self.binder.drain(self.settings.shutdown_timeout)
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            await self.recorder.stop()

@@ -1,0 +1,93 @@
+"""Fakes at the extender's Kubernetes I/O boundary, and small object builders, for unit tests."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from kubernetes.client import ApiException
+
+from extender.contract import GPU_IDS
+
+POOL = "pool-a"
+
+
+def gpu(name: str, node: str, tflops: str = "100", vram: str = "40Gi") -> dict[str, Any]:
+    return {"apiVersion": "tensor-fusion.ai/v1", "kind": "GPU",
+            "metadata": {"name": name, "labels": {"tensor-fusion.ai/gpupool": POOL}},
+            "status": {"phase": "Running", "capacity": {"tflops": tflops, "vram": vram},
+                       "nodeSelector": {"kubernetes.io/hostname": node},
+                       "gpuModel": "A100", "vendor": "NVIDIA"}}
+
+
+def pod(name: str, uid: str, tflops: str = "60", index: int | None = None, node: str | None = None,
+        gpu_ids: str | None = None, phase: str = "Pending") -> dict[str, Any]:
+    annotations = {"tensor-fusion.ai/tflops-request": tflops, "tensor-fusion.ai/vram-request": "4Gi",
+                   "tensor-fusion.ai/gpupool": POOL}
+    if gpu_ids:
+        annotations[GPU_IDS] = gpu_ids
+    limits = {f"tensor-fusion.ai/index_{(index - 1) // 8:x}": str((index - 1) % 8 + 1)} if index else {}
+    spec: dict[str, Any] = {"containers": [{"name": "c", "resources": {"limits": limits}}]}
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ml", "uid": uid, "annotations": annotations,
+                         "labels": {"tensor-fusion.ai/component": "worker"}},
+            "spec": spec, "status": {"phase": phase}}
+
+
+class Pods:
+    def __init__(self, *pods: dict[str, Any]) -> None:
+        self.pods = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in pods}
+
+    def get(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        return self.pods.get((namespace or "", name))
+
+
+class FakeApi:
+    """The binder's I/O boundary: records calls, fails on demand."""
+
+    def __init__(self, pods: Pods) -> None:
+        self.pods = pods
+        self.calls: list[tuple[str, Any]] = []
+        self.fail: dict[str, Exception] = {}
+        self.gate: asyncio.Event | None = None
+        self.node_after_bind_error: str | None = None
+
+    async def _step(self, what: str, detail: Any) -> None:
+        self.calls.append((what, detail))
+        if what == "bind" and self.gate is not None:
+            await self.gate.wait()
+        if what in self.fail:
+            raise self.fail[what]
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any]:
+        await self._step("get", name)
+        found = self.pods.get(name, namespace)
+        if found is None:
+            raise ApiException(status=404, reason="Not Found")
+        if self.node_after_bind_error:
+            return {**found, "spec": {**found["spec"], "nodeName": self.node_after_bind_error}}
+        return found
+
+    async def merge_patch(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        await self._step("merge_patch", patch)
+        return {}
+
+    async def json_patch(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        await self._step("json_patch", ops)
+        return {}
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        await self._step("bind", (name, uid, node))
+
+    async def delete(self, namespace: str, name: str, uid: str) -> None:
+        await self._step("delete", (name, uid))
+
+
+class Events:
+    def __init__(self) -> None:
+        self.recorded: list[tuple[str, str, str, str]] = []
+
+    def record(self, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+        self.recorded.append((obj["metadata"]["name"], reason, message, type_))

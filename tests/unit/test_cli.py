@@ -1,0 +1,180 @@
+"""The ``tf-extender`` command line, and the served process end to end against a fake API server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import types
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from extender_fakes import gpu
+from kubernetes import client
+
+from extender import cli
+from extender.service import POD_SELECTOR, ExtenderService, Settings
+from extender.state import InventorySource
+
+
+def test_serve_flags_and_defaults() -> None:
+    args = cli.build_parser().parse_args(["serve"])
+    assert (args.port, args.bind_address, args.prefix, args.kubeconfig, args.cert_dir) == (
+        8080, "127.0.0.1", "/scheduler", None, None)
+    assert (args.inventory_source, args.max_pods_per_node, args.no_preemptor, args.log_level) == (
+        "auto", 256, False, "info")
+    args = cli.build_parser().parse_args([
+        "serve", "--port", "9443", "--bind-address", "0.0.0.0", "--prefix", "/x", "--kubeconfig", "k",
+        "--cert-dir", "/certs", "--inventory-source", "node-labels", "--max-pods-per-node", "8",
+        "--no-preemptor", "--log-level", "debug"])
+    assert (args.port, args.inventory_source, args.max_pods_per_node, args.no_preemptor) == (
+        9443, "node-labels", 8, True)
+
+
+@pytest.mark.parametrize("bad", [["serve", "--inventory-source", "magic"],
+                                 ["serve", "--max-pods-per-node", "0"], ["bogus"], []])
+def test_bad_usage_exits_with_a_message(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(bad)
+    assert exc.value.code == 2
+    assert capsys.readouterr().err
+
+
+def test_unreadable_kubeconfig_is_reported(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["serve", "--kubeconfig", str(tmp_path / "missing")]) == 2
+    assert "cannot load Kubernetes configuration" in capsys.readouterr().err
+
+
+def test_simulate_is_dispatched_to_the_simulator(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Any] = []
+    fake = types.ModuleType("extender.simulate")
+    fake.add_simulate_arguments = lambda parser: parser.add_argument("--cluster")  # type: ignore[attr-defined]
+    fake.main_simulate = lambda args: seen.append(args.cluster) or 0  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "extender.simulate", fake)
+    assert cli.main(["simulate", "--cluster", "c.yaml"]) == 0
+    assert seen == ["c.yaml"]
+
+
+def test_simulate_without_the_simulator_says_so(monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "extender.simulate", None)
+    assert cli.main(["simulate"]) == 2
+    assert "simulator" in capsys.readouterr().err
+
+
+class FakeApiServer:
+    """Just enough API server for the caches: empty lists and idle watches."""
+
+    def __init__(self) -> None:
+        self.selectors: dict[str, str] = {}
+        self.stop = asyncio.Event()
+        self.gpus = [gpu("g1", "n1")]
+
+    async def collection(self, request: web.Request) -> web.StreamResponse:
+        plural = request.match_info["plural"]
+        if "labelSelector" in request.query:
+            self.selectors[plural] = request.query["labelSelector"]
+        if request.query.get("watch") == "true":
+            response = web.StreamResponse()
+            await response.prepare(request)
+            await self.stop.wait()
+            return response
+        items = self.gpus if plural == "gpus" else []
+        return web.json_response({"metadata": {"resourceVersion": "1"}, "items": items})
+
+
+async def test_service_becomes_ready_after_sync_serves_and_stops_cleanly(aiohttp_server: Any,
+                                                                          unused_tcp_port: int) -> None:
+    fake = FakeApiServer()
+    app = web.Application()
+    app.router.add_get("/api/v1/{plural}", fake.collection)
+    app.router.add_get("/apis/{group}/{version}/{plural}", fake.collection)
+    server = await aiohttp_server(app)
+    configuration = client.Configuration()
+    configuration.host = str(server.make_url("")).rstrip("/")
+    service = ExtenderService(client.ApiClient(configuration),
+                              Settings(port=unused_tcp_port, inventory=InventorySource.AUTO,
+                                       shutdown_timeout=2))
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    base = f"http://127.0.0.1:{unused_tcp_port}"
+    try:
+        async with aiohttp.ClientSession() as session, asyncio.timeout(10):
+            while True:
+                try:
+                    async with session.get(f"{base}/readyz") as response:
+                        if response.status == 200:
+                            break
+                except aiohttp.ClientConnectionError:
+                    pass
+                await asyncio.sleep(0.05)
+            body = {"Pod": {"metadata": {"name": "p", "namespace": "ml", "uid": "u", "annotations": {
+                "tensor-fusion.ai/tflops-request": "10", "tensor-fusion.ai/vram-request": "1Gi",
+                "tensor-fusion.ai/gpupool": "pool-a"}}}, "NodeNames": ["n1"]}
+            async with session.post(f"{base}/scheduler/filter", data=json.dumps(body)) as response:
+                assert (await response.json())["NodeNames"] == ["n1"]
+            async with session.get(f"{base}/metrics") as response:
+                gauge = 'tf_extender_node_allocated_percent{node="n1",pool="pool-a",resource="tflops"} 0.0'
+                assert gauge in await response.text()
+        assert fake.selectors["pods"] == POD_SELECTOR
+        assert set(service.caches) == {"nodes", "pods", "gpus", "gpupools", "schedulingconfigtemplates"}
+    finally:
+        stop.set()
+        async with asyncio.timeout(10):
+            await task
+        fake.stop.set()
+
+
+async def test_service_serves_https_from_the_cert_dir(aiohttp_server: Any, unused_tcp_port: int,
+                                                      tmp_path: Any) -> None:
+    import ssl
+
+    from certs.authority import generate_ca, issue_serving_cert
+    from certs.files import write_serving
+
+    ca = generate_ca()
+    write_serving(tmp_path, ca.cert_pem, issue_serving_cert(ca, ip_addresses=["127.0.0.1"]))
+    fake = FakeApiServer()
+    app = web.Application()
+    app.router.add_get("/api/v1/{plural}", fake.collection)
+    app.router.add_get("/apis/{group}/{version}/{plural}", fake.collection)
+    server = await aiohttp_server(app)
+    configuration = client.Configuration()
+    configuration.host = str(server.make_url("")).rstrip("/")
+    service = ExtenderService(client.ApiClient(configuration),
+                              Settings(port=unused_tcp_port, cert_dir=str(tmp_path), shutdown_timeout=2))
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    trust = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+    try:
+        async with aiohttp.ClientSession() as session, asyncio.timeout(10):
+            while True:
+                try:
+                    async with session.get(f"https://127.0.0.1:{unused_tcp_port}/healthz", ssl=trust) as r:
+                        assert r.status == 200
+                        break
+                except aiohttp.ClientConnectionError:
+                    await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        async with asyncio.timeout(10):
+            await task
+        fake.stop.set()
+
+
+def test_logs_are_json_lines_with_extra_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    from extender.logs import setup_logging
+
+    setup_logging("info")
+    logging.getLogger("extender.test").info("bound", extra={"pod": "ml/a", "node": "n1"})
+    logging.getLogger("extender.test").debug("hidden")
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    line = json.loads(lines[0])
+    assert (line["level"], line["msg"], line["pod"], line["node"]) == ("info", "bound", "ml/a", "n1")
+    with pytest.raises(ValueError):
+        setup_logging("loud")

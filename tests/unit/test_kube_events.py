@@ -1,0 +1,110 @@
+"""Events are posted in the background, folded when repeated, and never break the caller."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from aiohttp import web
+from kubernetes import client
+
+from extender.kube.events import EventRecorder, involved_object
+
+POD = {"apiVersion": "v1", "kind": "Pod",
+       "metadata": {"name": "train-0", "namespace": "ml", "uid": "u-1", "resourceVersion": "7"}}
+
+
+class FakeEvents:
+    def __init__(self) -> None:
+        self.created: list[dict[str, Any]] = []
+        self.patched: list[tuple[str, dict[str, Any]]] = []
+        self.fail_next = False
+
+    async def create(self, request: web.Request) -> web.Response:
+        if self.fail_next:
+            self.fail_next = False
+            return web.json_response({"kind": "Status", "message": "etcd is sad"}, status=500)
+        body = await request.json()
+        assert request.match_info["ns"] == body["metadata"]["namespace"]
+        self.created.append(body)
+        return web.json_response(body, status=201)
+
+    async def patch(self, request: web.Request) -> web.Response:
+        assert request.content_type == "application/merge-patch+json"
+        self.patched.append((request.match_info["name"], await request.json()))
+        return web.json_response({})
+
+
+@pytest.fixture
+async def fake(aiohttp_server: Any) -> tuple[FakeEvents, client.ApiClient]:
+    events = FakeEvents()
+    app = web.Application()
+    app.router.add_post("/api/v1/namespaces/{ns}/events", events.create)
+    app.router.add_patch("/api/v1/namespaces/{ns}/events/{name}", events.patch)
+    server = await aiohttp_server(app)
+    configuration = client.Configuration()
+    configuration.host = str(server.make_url("")).rstrip("/")
+    return events, client.ApiClient(configuration)
+
+
+async def test_posts_a_core_event_about_the_object(fake: Any) -> None:
+    events, api_client = fake
+    recorder = EventRecorder(api_client, "tensor-fusion-extender")
+    await recorder.start()
+    recorder.record(POD, "GPUDeviceAllocated", "allocated GPUs g0 on node n1")
+    await recorder.stop()
+    [event] = events.created
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "name": "train-0",
+                                       "namespace": "ml", "uid": "u-1", "resourceVersion": "7"}
+    assert event["reason"] == "GPUDeviceAllocated" and event["type"] == "Normal"
+    assert event["count"] == 1 and event["firstTimestamp"] == event["lastTimestamp"]
+    assert event["reportingComponent"] == "tensor-fusion-extender"
+    assert event["source"] == {"component": "tensor-fusion-extender"}
+    assert event["metadata"]["namespace"] == "ml"
+
+
+async def test_repeats_within_the_window_fold_into_one_event(fake: Any) -> None:
+    events, api_client = fake
+    recorder = EventRecorder(api_client, "x")
+    await recorder.start()
+    for _ in range(3):
+        recorder.record(POD, "GPUDeviceAllocationFailed", "no room", "Warning")
+    recorder.record(POD, "GPUDeviceAllocationFailed", "another reason", "Warning")
+    await recorder.stop()
+    assert [e["message"] for e in events.created] == ["no room", "another reason"]
+    assert [p["count"] for _, p in events.patched] == [2, 3]
+    assert {name for name, _ in events.patched} == {events.created[0]["metadata"]["name"]}
+
+
+async def test_cluster_scoped_objects_get_events_in_default(fake: Any) -> None:
+    events, api_client = fake
+    recorder = EventRecorder(api_client, "x")
+    await recorder.start()
+    recorder.record({"kind": "Node", "metadata": {"name": "n1", "uid": "n"}}, "R", "m")
+    await recorder.stop()
+    assert events.created[0]["metadata"]["namespace"] == "default"
+    assert "namespace" not in events.created[0]["involvedObject"]
+
+
+async def test_api_failures_are_swallowed_and_later_events_still_go_out(fake: Any) -> None:
+    events, api_client = fake
+    events.fail_next = True
+    recorder = EventRecorder(api_client, "x")
+    await recorder.start()
+    recorder.record(POD, "A", "first")
+    recorder.record(POD, "B", "second")
+    await recorder.stop()
+    assert [e["reason"] for e in events.created] == ["B"]
+
+
+async def test_record_never_blocks_or_raises_when_the_queue_is_full(fake: Any) -> None:
+    _, api_client = fake
+    recorder = EventRecorder(api_client, "x", max_queued=2)
+    for i in range(10):
+        recorder.record(POD, "R", f"m{i}")  # not started: the queue fills, extra events drop
+    await asyncio.sleep(0)
+
+
+def test_involved_object_defaults() -> None:
+    assert involved_object({"metadata": {"name": "p"}}) == {"apiVersion": "v1", "kind": "Pod", "name": "p"}
