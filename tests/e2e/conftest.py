@@ -1,0 +1,215 @@
+"""Session fixtures for the end-to-end suite: a real etcd + kube-apiserver + kube-scheduler + kwok.
+
+Fixtures (all session scoped unless noted):
+
+- ``e2e_binaries``   {etcd, kube-apiserver, kube-scheduler, kwok, kwok-stages: Path}, built/cached by
+                      tests/e2e/build-control-plane.sh
+- ``control_plane``  controlplane.ControlPlane, started, with the project's CRDs (manifests/crds) installed:
+                      .server (https URL), .kubeconfig (admin, system:masters client cert), .server_ca /
+                      .client_ca / .admin (CertPair), .client_cert(name, user, groups), .workdir, .log_dir,
+                      .api_client(kubeconfig=None), .write_kubeconfig(path, user, cert),
+                      .kubeconfig_for(user, groups), .kubeconfig_for_service_account(ns, name)
+- ``api_client``     kubernetes.client.ApiClient for the admin kubeconfig
+- ``karpenter_crds`` installs ../shared/testdata/karpenter CRDs; yields their names
+- ``extender_port`` / ``extender_url``  loopback port and ``http://127.0.0.1:<port>/scheduler`` that the
+                      kube-scheduler calls (nothing listens there until the extender fixture starts it)
+- ``kube_scheduler`` kube-scheduler with manifests/scheduler/kube-scheduler-config.yaml, kubeconfig and
+                      extender urlPrefix rewritten, leader election off; ManagedProcess (.port = secure port)
+- ``kwok``           kwok managing Nodes annotated kwok.x-k8s.io/node=fake; ManagedProcess
+- ``cluster``        control_plane with kwok and kube_scheduler running
+- ``namespace``      (function) a fresh namespace; its pods are deleted at teardown
+- ``make_node``      (function) factory: make_node(name=None, **node_body kwargs) -> name; deleted at teardown
+- ``make_gpu``       (function) factory: make_gpu(name, node, **gpu_body kwargs) -> GPU object;
+                      deleted at teardown
+
+Environment: TF_CACHE_DIR (binary cache), TF_E2E_WORKDIR (keep the control plane's files, logs included,
+in this directory instead of a pytest tmp dir).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import uuid
+from pathlib import Path
+
+import pytest
+
+from . import controlplane as cpl
+
+_ACTIVE: dict[str, cpl.ControlPlane] = {}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "e2e: end-to-end test against a real local control plane")
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    cp = _ACTIVE.get("cp")
+    if rep.failed and cp is not None:
+        rep.sections.append(("control plane logs (" + str(cp.log_dir) + ")", cp.log_tails(40)))
+
+
+def _install_cleanup() -> None:
+    atexit.register(cpl.PROCESSES.stop_all)
+    prev = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum, frame):
+        cpl.PROCESSES.stop_all()
+        if callable(prev):
+            prev(signum, frame)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
+_BINARIES: dict[str, Path] = {}
+
+
+def pytest_collection_finish(session):
+    """Build (first run, ~10 min on 2 cores) or find the cached binaries before any test starts, so the
+    build does not count against a test's timeout. Only when e2e tests were selected."""
+    here = Path(__file__).parent
+    if session.config.option.collectonly or _BINARIES:
+        return
+    if not any(here in Path(str(i.fspath)).parents for i in session.items):
+        return
+    capman = session.config.pluginmanager.getplugin("capturemanager")
+    ctx = capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
+    with ctx:
+        _BINARIES.update(cpl.build_binaries())
+
+
+@pytest.fixture(scope="session")
+def e2e_binaries() -> dict[str, Path]:
+    if not _BINARIES:
+        _BINARIES.update(cpl.build_binaries())
+    return dict(_BINARIES)
+
+
+@pytest.fixture(scope="session")
+def e2e_workdir(tmp_path_factory) -> Path:
+    explicit = os.environ.get("TF_E2E_WORKDIR")
+    if explicit:
+        p = Path(explicit)
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+    return tmp_path_factory.mktemp("controlplane")
+
+
+@pytest.fixture(scope="session")
+def control_plane(e2e_binaries, e2e_workdir):
+    _install_cleanup()
+    cp = cpl.ControlPlane(e2e_workdir, e2e_binaries)
+    _ACTIVE["cp"] = cp
+    try:
+        cp.start()
+        cpl.apply_crds(cp.api_client(), cpl.project_crd_files())
+        yield cp
+    finally:
+        # KeyboardInterrupt and failures included: every process we started goes, in reverse order
+        cpl.PROCESSES.stop_all()
+        _ACTIVE.pop("cp", None)
+
+
+@pytest.fixture(scope="session")
+def api_client(control_plane):
+    c = control_plane.api_client()
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="session")
+def karpenter_crds(control_plane, api_client):
+    return cpl.apply_crds(api_client, cpl.karpenter_crd_files())
+
+
+@pytest.fixture(scope="session")
+def extender_port() -> int:
+    return int(os.environ.get("TF_E2E_EXTENDER_PORT") or cpl.free_port())
+
+
+@pytest.fixture(scope="session")
+def extender_url(extender_port) -> str:
+    return f"http://127.0.0.1:{extender_port}/scheduler"
+
+
+@pytest.fixture(scope="session")
+def kube_scheduler(control_plane, e2e_binaries, extender_url):
+    proc = cpl.start_scheduler(control_plane, e2e_binaries["kube-scheduler"], extender_url)
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def kwok(control_plane, e2e_binaries):
+    proc = cpl.start_kwok(control_plane, e2e_binaries["kwok"], e2e_binaries["kwok-stages"])
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(control_plane, kwok, kube_scheduler):
+    return control_plane
+
+
+@pytest.fixture
+def namespace(api_client):
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    # there is no namespace controller (no kube-controller-manager): delete the pods, keep the namespace
+    with contextlib.suppress(Exception):  # best effort
+        core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+
+
+@pytest.fixture
+def make_node(api_client):
+    from kubernetes import client
+
+    created: list[str] = []
+
+    def factory(name: str | None = None, **kw) -> str:
+        name = name or f"node-{uuid.uuid4().hex[:8]}"
+        cpl.create_node(api_client, name, **kw)
+        created.append(name)
+        return name
+
+    yield factory
+    core = client.CoreV1Api(api_client)
+    for name in created:
+        with contextlib.suppress(Exception):  # best effort
+            core.delete_node(name)
+
+
+@pytest.fixture
+def make_gpu(api_client):
+    from kubernetes import client
+
+    created: list[str] = []
+
+    def factory(name: str, node: str, **kw) -> dict:
+        obj = cpl.create_gpu(api_client, name, node, **kw)
+        created.append(name)
+        return obj
+
+    yield factory
+    custom = client.CustomObjectsApi(api_client)
+    for name in created:
+        with contextlib.suppress(Exception):  # best effort
+            custom.delete_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "gpus", name)
