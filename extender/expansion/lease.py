@@ -1,0 +1,176 @@
+"""One active expander per cluster: a coordination.k8s.io Lease held while expanding.
+
+``lease_action`` decides (pure); ``LeaseKeeper`` reads and writes the Lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Mapping
+from enum import Enum
+from typing import Any
+
+from kubernetes import client
+
+from extender.kube.client import api_call, error_message, error_status, request_json
+
+log = logging.getLogger(__name__)
+
+_MICROTIME = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+class Action(Enum):
+    CREATE = "create"
+    TAKE = "take"  # free or expired: take it over
+    RENEW = "renew"
+    WAIT = "wait"  # someone else holds it
+
+
+def parse_time(value: object) -> dt.datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def format_time(value: dt.datetime) -> str:
+    return value.astimezone(dt.UTC).strftime(_MICROTIME)
+
+
+def lease_action(lease: Mapping[str, Any] | None, identity: str, now: dt.datetime) -> Action:
+    if lease is None:
+        return Action.CREATE
+    spec = lease.get("spec") or {}
+    holder = spec.get("holderIdentity") or ""
+    if holder == identity:
+        return Action.RENEW
+    if not holder:
+        return Action.TAKE
+    renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
+    duration = spec.get("leaseDurationSeconds") or 0
+    if renewed is None or now > renewed + dt.timedelta(seconds=float(duration)):
+        return Action.TAKE
+    return Action.WAIT
+
+
+def lease_body(name: str, namespace: str, identity: str, now: dt.datetime, duration_seconds: float,
+               current: Mapping[str, Any] | None, action: Action) -> dict[str, Any]:
+    """The Lease to write for ``action`` (CREATE, TAKE or RENEW)."""
+    spec: dict[str, Any] = dict((current or {}).get("spec") or {})
+    stamp = format_time(now)
+    if action is not Action.RENEW:
+        spec["acquireTime"] = stamp
+        if action is Action.TAKE:
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+    spec.update({"holderIdentity": identity, "leaseDurationSeconds": max(1, round(duration_seconds)),
+                 "renewTime": stamp})
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    version = ((current or {}).get("metadata") or {}).get("resourceVersion")
+    if version:
+        metadata["resourceVersion"] = version
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
+
+
+def released_body(current: Mapping[str, Any], now: dt.datetime) -> dict[str, Any]:
+    body = dict(current)
+    spec = dict(current.get("spec") or {})
+    spec.update({"holderIdentity": None, "leaseDurationSeconds": 1, "renewTime": format_time(now)})
+    body["spec"] = spec
+    return body
+
+
+class LeaseKeeper:
+    """Takes and renews the Lease; ``is_leader`` is true only while the last renewal is fresh."""
+
+    def __init__(self, api_client: client.ApiClient, name: str, namespace: str, identity: str, *,
+                 duration_seconds: float = 15.0, renew_seconds: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.api_client = api_client
+        self.name = name
+        self.namespace = namespace
+        self.identity = identity
+        self.duration_seconds = duration_seconds
+        self.renew_seconds = renew_seconds
+        self._clock = clock
+        self._renewed_at: float | None = None
+        self.changed = asyncio.Event()
+
+    @property
+    def path(self) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases/{self.name}"
+
+    @property
+    def is_leader(self) -> bool:
+        # A margin below the duration so two replicas never both think they hold it.
+        return (self._renewed_at is not None
+                and self._clock() - self._renewed_at < self.duration_seconds * 0.8)
+
+    async def run(self) -> None:
+        """Try to take or renew the Lease every ``renew_seconds`` until cancelled; release on the way out."""
+        try:
+            while True:
+                was_leader = self.is_leader
+                try:
+                    await self.try_acquire()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning("expander lease not renewed", extra={"error": error_message(exc)})
+                if was_leader != self.is_leader:
+                    log.info("expander lease %s", "acquired" if self.is_leader else "lost",
+                             extra={"lease": f"{self.namespace}/{self.name}", "identity": self.identity})
+                    self.changed.set()
+                await asyncio.sleep(self.renew_seconds)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.release())
+
+    async def try_acquire(self) -> bool:
+        started = self._clock()
+        current = await self._read()
+        now = dt.datetime.now(dt.UTC)
+        action = lease_action(current, self.identity, now)
+        if action is Action.WAIT:
+            self._renewed_at = None
+            return False
+        body = lease_body(self.name, self.namespace, self.identity, now, self.duration_seconds, current,
+                          action)
+        try:
+            if action is Action.CREATE:
+                collection = self.path.rsplit("/", 1)[0]
+                await api_call(request_json, self.api_client, "POST", collection, body=body)
+            else:
+                await api_call(request_json, self.api_client, "PUT", self.path, body=body)
+        except Exception as exc:
+            if error_status(exc) in (409, 422):  # someone else wrote it first
+                self._renewed_at = None
+                return False
+            raise
+        self._renewed_at = started
+        return True
+
+    async def release(self) -> None:
+        if self._renewed_at is None:
+            return
+        self._renewed_at = None
+        current = await self._read()
+        if current is None or (current.get("spec") or {}).get("holderIdentity") != self.identity:
+            return
+        await api_call(request_json, self.api_client, "PUT", self.path,
+                       body=released_body(current, dt.datetime.now(dt.UTC)))
+
+    async def _read(self) -> dict[str, Any] | None:
+        try:
+            lease: dict[str, Any] = await api_call(request_json, self.api_client, "GET", self.path)
+        except Exception as exc:
+            if error_status(exc) == 404:
+                return None
+            raise
+        return lease

@@ -1,0 +1,289 @@
+"""The expander: takes capacity-only failures from the filter and creates Karpenter NodeClaims for them,
+off the request path. Decisions are in ``decide``; the cluster is behind ``ExpansionPort``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from extender.contract import GPURequest, parse_request
+from extender.expansion.claims import EXPANSION_LABEL, INSTANCE_TYPE, TEMPLATE_NODE_ANNOTATION
+from extender.expansion.config import ExpansionConfig
+from extender.expansion.decide import (
+    ClusterView,
+    Create,
+    LeaveToKarpenter,
+    NoTemplate,
+    Skip,
+    WaitForClaim,
+    WaitForSlot,
+    decide,
+)
+from extender.expansion.detect import (
+    REASON_CHECK,
+    REASON_COMPLETED,
+    REASON_FAILED,
+    CapacityFailureLog,
+    FilterResult,
+    expands_pool,
+    is_capacity_only,
+)
+from extender.expansion.inflight import Departure, InFlight, LeaveReason, PodRef
+from extender.expansion.metrics import ExpansionMetrics
+from extender.state import FilterOutcome
+
+log = logging.getLogger(__name__)
+
+REASON_WAITING = "NodeExpansionWaiting"
+REASON_SKIPPED = "NodeExpansionSkipped"
+TICK_SECONDS = 1.0
+
+
+class ExpansionPort(ClusterView, Protocol):
+    """The expander's I/O: cached reads, the pod re-read, the claim write, events."""
+
+    def nodeclaim(self, name: str) -> Mapping[str, Any] | None: ...
+
+    def gpupool(self, name: str) -> Mapping[str, Any] | None: ...
+
+    def node_arrived(self, node_name: str, provider_id: str) -> bool: ...
+
+    def record(self, obj: Mapping[str, Any], reason: str, message: str, type_: str = "Normal") -> None: ...
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def create_nodeclaim(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class Leader(Protocol):
+    @property
+    def is_leader(self) -> bool: ...
+
+    async def run(self) -> None: ...
+
+
+class AlwaysLeader:
+    """For a single replica (and tests): always active."""
+
+    is_leader = True
+
+    async def run(self) -> None:
+        await asyncio.Event().wait()
+
+
+@dataclass
+class Queued:
+    pod: PodRef
+    request: GPURequest
+    candidates: tuple[str, ...]
+    announced_wait: bool = False
+
+
+RequestOf = Callable[[Mapping[str, Any]], GPURequest]
+
+
+def _parse_annotations(pod: Mapping[str, Any]) -> GPURequest:
+    return parse_request((pod.get("metadata") or {}).get("annotations") or {})
+
+
+def _new_expansion_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+class Expander:
+    def __init__(self, config: ExpansionConfig, port: ExpansionPort, *, leader: Leader | None = None,
+                 request_of: RequestOf = _parse_annotations, metrics: ExpansionMetrics | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 new_id: Callable[[], str] = _new_expansion_id) -> None:
+        self.config = config
+        self.metrics = metrics or ExpansionMetrics()
+        self._request_of = request_of
+        self.port = port
+        self.leader: Leader = leader or AlwaysLeader()
+        self.inflight = InFlight(config.max_in_flight, config.claim_timeout_seconds)
+        self.flagged = CapacityFailureLog()
+        self._clock = clock
+        self._new_id = new_id
+        self._due: list[tuple[float, int, Queued]] = []
+        self._order = itertools.count()
+        self._slot_waiters: dict[str, Queued] = {}
+        self._wake = asyncio.Event()
+
+    # -- the filter's side: sync, cheap, never raises ----------------------------------------------
+
+    def notice(self, pod: dict[str, Any], outcome: FilterResult, candidate_nodes: list[str]) -> None:
+        """Called by the filter handler for every rejected or accepted pod."""
+        try:
+            self._notice(pod, outcome, candidate_nodes)
+        except Exception:
+            log.exception("expansion notice failed")
+
+    def observe(self, pod: dict[str, Any], outcome: FilterOutcome) -> None:
+        """``notice`` as a filter observer: the candidates are every node the outcome names."""
+        self.notice(pod, outcome, [*outcome.fits, *outcome.failed, *outcome.unresolvable])
+
+    def _notice(self, pod: dict[str, Any], outcome: FilterResult, candidate_nodes: list[str]) -> None:
+        if not self.config.enabled or not is_capacity_only(outcome, candidate_nodes):
+            return
+        ref = PodRef.of(pod)
+        if ref.uid in self.flagged:
+            return
+        try:
+            request = self._request_of(pod)
+        except Exception:  # a pod the contract rejects was never capacity-only
+            return
+        if not expands_pool(self.port.gpupool(request.pool)) or not self.flagged.first_time(ref.uid):
+            return
+        self.metrics.capacity_only_failures.labels(pool=request.pool).inc()
+        self.port.record(pod, REASON_CHECK,
+                         f"no candidate node has {request.describe()} free in pool {request.pool}, but "
+                         f"an empty node would fit it: node expansion is considered in "
+                         f"{self.config.delay_seconds:g}s")
+        self._push(Queued(ref, request, tuple(candidate_nodes)), self._clock() + self.config.delay_seconds)
+
+    def wake(self) -> None:
+        """Something changed (a claim, a node): settle the in-flight set now rather than at the next tick."""
+        self._wake.set()
+
+    def _push(self, entry: Queued, due: float) -> None:
+        heapq.heappush(self._due, (due, next(self._order), entry))
+        self._wake.set()
+
+    @property
+    def queued(self) -> int:
+        return len(self._due) + len(self._slot_waiters)
+
+    # -- the worker ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run until cancelled: caches, the lease, and the queue."""
+        await self.port.start()
+        leader_task = asyncio.create_task(self.leader.run(), name="expander-lease")
+        try:
+            self.adopt_existing_claims()
+            while True:
+                await self.tick()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._sleep_for())
+                self._wake.clear()
+        finally:
+            leader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await leader_task
+            await self.port.stop()
+
+    def _sleep_for(self) -> float:
+        if not self._due:
+            return TICK_SECONDS
+        return min(TICK_SECONDS, max(0.0, self._due[0][0] - self._clock()))
+
+    async def tick(self) -> None:
+        """Settle the in-flight claims, then handle the queued pods that are due (while leader)."""
+        now = self._clock()
+        self._depart(self.inflight.settle(self.port.nodeclaim, self.port.node_arrived, now))
+        if not self.leader.is_leader:
+            return
+        while self._due and self._due[0][0] <= now:
+            _, _, entry = heapq.heappop(self._due)
+            try:
+                await self._process(entry)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("expansion failed", extra={"pod": str(entry.pod)})
+                self.flagged.forget(entry.pod.uid)
+
+    def adopt_existing_claims(self) -> None:
+        """After a restart: claims this project created that still wait for their node count as in flight."""
+        now = self._clock()
+        for claim in self.port.nodeclaims():
+            meta = claim.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            name = str(meta.get("name") or "")
+            if EXPANSION_LABEL not in labels or not name or name in self.inflight:
+                continue
+            status = claim.get("status") or {}
+            if self.port.node_arrived(str(status.get("nodeName") or ""), str(status.get("providerID") or "")):
+                continue
+            template = str((meta.get("annotations") or {}).get(TEMPLATE_NODE_ANNOTATION) or "")
+            self.inflight.add(name, claim, list(self.port.node_gpus(template)) if template else [], now)
+
+    async def _process(self, entry: Queued) -> None:
+        ref, request = entry.pod, entry.request
+        pod = await self.port.read_pod(ref.namespace, ref.name)
+        decision = decide(pod, ref.uid, request, entry.candidates, self.port, self.inflight, self._new_id())
+        if isinstance(decision, Skip) or pod is None:
+            log.info("expansion skipped", extra={"pod": str(ref), "reason": getattr(decision, "reason", "")})
+            self.flagged.forget(ref.uid)
+        elif isinstance(decision, WaitForClaim):
+            self.inflight.assign(decision.claim, pod, request)
+            self.port.record(pod, REASON_WAITING,
+                             f"NodeClaim {decision.claim}, already on its way, has room for this pod: "
+                             "no new node is created")
+        elif isinstance(decision, WaitForSlot):
+            self._slot_waiters[ref.uid] = entry
+            if not entry.announced_wait:
+                entry.announced_wait = True
+                self.port.record(pod, REASON_WAITING,
+                                 f"{decision.in_flight} NodeClaims are in flight (max "
+                                 f"{self.config.max_in_flight}): the pod waits for one to finish")
+        elif isinstance(decision, LeaveToKarpenter):
+            self.port.record(pod, REASON_SKIPPED, decision.message)
+        elif isinstance(decision, NoTemplate):
+            self.port.record(pod, REASON_FAILED, decision.message, "Warning")
+        elif isinstance(decision, Create):
+            await self._create(pod, entry, decision)
+
+    async def _create(self, pod: dict[str, Any], entry: Queued, decision: Create) -> None:
+        try:
+            created = await self.port.create_nodeclaim(decision.body)
+        except Exception as exc:
+            self.flagged.forget(entry.pod.uid)  # the next rejection tries again
+            self.port.record(pod, REASON_FAILED,
+                             f"creating a NodeClaim in NodePool {decision.nodepool} failed: {exc}", "Warning")
+            return
+        name = str((created.get("metadata") or {}).get("name") or "")
+        self.inflight.add(name, created, list(decision.devices), self._clock())
+        self.inflight.assign(name, pod, entry.request)
+        self.metrics.nodeclaims_created.labels(nodepool=decision.nodepool).inc()
+        instance_type = _requirement_value(decision.body, INSTANCE_TYPE)
+        self.port.record(pod, REASON_COMPLETED,
+                         f"created NodeClaim {name} in NodePool {decision.nodepool} ({instance_type}, "
+                         f"a copy of node {decision.template_node}) for this pod")
+
+    def _depart(self, departures: Sequence[Departure]) -> None:
+        for departure in departures:
+            log.info("claim left the in-flight set",
+                     extra={"claim": departure.claim, "reason": departure.reason.value})
+            for ref in departure.pods:
+                self.flagged.forget(ref.uid)
+                if departure.reason is LeaveReason.TIMEOUT:
+                    self.port.record(ref.as_object(), REASON_FAILED,
+                                     f"NodeClaim {departure.claim} got no node within "
+                                     f"{self.config.claim_timeout_seconds:g}s; the pod is considered again "
+                                     "at its next scheduling failure", "Warning")
+        if departures and self._slot_waiters:
+            # After the delay, so the scheduler first tries the node that just arrived.
+            due = self._clock() + self.config.delay_seconds
+            for entry in self._slot_waiters.values():
+                self._push(entry, due)
+            self._slot_waiters.clear()
+
+
+def _requirement_value(body: Mapping[str, Any], key: str) -> str:
+    for requirement in (body.get("spec") or {}).get("requirements") or []:
+        if requirement.get("key") == key and requirement.get("values"):
+            return str(requirement["values"][0])
+    return ""
