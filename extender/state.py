@@ -1,0 +1,644 @@
+"""The extender's in-memory picture of the cluster and the verbs computed from it (DESIGN §4, §5).
+
+``ClusterState`` is fed API objects (from watches, or a file in the simulator) and answers filter,
+prioritize, bind-time reservation and preemption. It does no I/O and never awaits, so a caller on an
+event loop sees every verb as atomic.
+
+Speed: per-node aggregates (devices, load per pool, a version stamp) are updated on each event. Filter
+verdicts are cached per request shape and node, and stay valid until that node's version changes, so a
+stream of similar pods costs one dictionary lookup per node after the first.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from fractions import Fraction
+from itertools import filterfalse, repeat
+from typing import Any
+
+from extender.contract import (
+    GPU_IDS,
+    POD_INDEX,
+    ContractError,
+    GPURequest,
+    RequestContext,
+    decode_index,
+    parse_gpu_ids,
+    parse_request,
+)
+from extender.inventory import (
+    GPUDevice,
+    gpu_from_object,
+    gpus_from_node_labels,
+    has_gfd_labels,
+    node_labels,
+    object_name,
+    pool_is_default,
+    pool_template,
+    template_mode,
+    tflops_of,
+)
+from extender.ledger import Allocation, Ledger
+from extender.placement import (
+    DEFAULT_MODE,
+    MAX_SCORE,
+    MIN_FIT_SCORE,
+    Demand,
+    Fit,
+    Mode,
+    Slot,
+    Verdict,
+    choose_gpus,
+    evaluate,
+    mean_load,
+    node_order_value,
+    parse_mode,
+)
+from extender.preemption import Candidate, choose_victims
+
+UNKNOWN_NODE = "node has no GPUs known to the extender"
+TERMINAL_PHASES = ("Succeeded", "Failed")
+_REQUEST_CACHE_SIZE = 8192
+_VERDICT_CACHE_SHAPES = 64
+_CHANGE_LOG_SIZE = 100_000
+_SCORE_LEVELS = MAX_SCORE - MIN_FIT_SCORE + 1
+_LEDGER_POOL = "-"  # the pool does not change what a bound pod holds
+
+
+class Kind(StrEnum):
+    NODE = "Node"
+    GPU = "GPU"
+    POD = "Pod"
+    POOL = "GPUPool"
+    TEMPLATE = "SchedulingConfigTemplate"
+
+
+class InventorySource(StrEnum):
+    GPU_OBJECTS = "gpu-objects"
+    NODE_LABELS = "node-labels"
+    AUTO = "auto"  # GPU objects for nodes that have them, GFD labels otherwise
+
+
+class PlacementError(Exception):
+    """The pod cannot be placed as asked; the message is meant for the user."""
+
+
+@dataclass(frozen=True)
+class Reservation:
+    pod_key: str
+    pod_uid: str
+    node: str
+    gpu_ids: tuple[str, ...]
+    request: GPURequest
+
+
+@dataclass(frozen=True)
+class FilterOutcome:
+    fits: list[str]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+    error: str | None
+    capacity_only: bool
+
+
+@dataclass(frozen=True)
+class Victim:
+    uid: str
+    namespace: str
+    name: str
+    priority: int
+
+
+@dataclass(frozen=True)
+class GPUView:
+    name: str
+    node: str
+    pool: str | None
+    model: str
+    vendor: str
+    index: int | None
+    phase: str
+    capacity_tflops: Fraction
+    capacity_vram: int
+    used_tflops: Fraction
+    used_vram: int
+    used_percent: float  # 0.7*VRAM% + 0.3*TFLOPS%
+
+
+@dataclass(frozen=True)
+class UsageFigures:
+    tflops_percent: float
+    vram_percent: float
+    gpus: int
+    used_gpus: int
+    partially_used_gpus: int
+
+
+@dataclass(frozen=True)
+class Utilisation:
+    nodes: dict[str, UsageFigures]
+    pools: dict[str, UsageFigures]
+    partially_used_gpus: int
+
+
+@dataclass(frozen=True)
+class _Pod:
+    uid: str
+    key: str
+    node: str | None
+    phase: str
+    index: int | None
+    priority: int
+
+
+@dataclass
+class _Table:
+    """Verdicts of one request shape for the nodes asked about so far, current as of tick ``synced``."""
+
+    synced: int
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    fit_load: dict[str, float] = field(default_factory=dict)  # fitting nodes: mean load in the pool
+
+
+_FITS = Verdict(Fit.FITS)
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    request: GPURequest
+    shape: tuple[object, ...]
+    demand: Demand
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+
+
+def pod_uid(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("uid") or pod_key(pod))
+
+
+def pod_priority(pod: Mapping[str, Any]) -> int:
+    priority = (pod.get("spec") or {}).get("priority")
+    return priority if isinstance(priority, int) and not isinstance(priority, bool) else 0
+
+
+def pod_index(pod: Mapping[str, Any]) -> int | None:
+    """The ``index`` annotation when written, else the index encoded in the containers' resources."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    raw = str(annotations.get(POD_INDEX, "")).strip()
+    if raw.isdigit():
+        return int(raw)
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        for section in ("limits", "requests"):
+            index = decode_index(resources.get(section) or {})
+            if index is not None:
+                return index
+    return None
+
+
+def _shape(request: GPURequest) -> tuple[object, ...]:
+    """The fields that decide where a request fits (not limits, QoS or autoscaling)."""
+    return (request.pool, request.tflops_request, request.percent_request, request.vram_request,
+            request.gpu_count, request.gpu_model, request.vendor, request.gpu_indices, request.isolation)
+
+
+class ClusterState:
+    def __init__(self, *, inventory: InventorySource = InventorySource.AUTO, max_pods_per_node: int = 256,
+                 mode_override: str | None = None) -> None:
+        override = parse_mode(mode_override)
+        if mode_override and override is None:
+            allowed = ", ".join(m.value for m in Mode)
+            raise ValueError(f"unknown placement mode {mode_override!r}; allowed: {allowed}")
+        self._source = InventorySource(inventory)
+        self._max_pods = max_pods_per_node
+        self._override = override
+        self._ledger = Ledger()
+        self._gpu_objects: dict[str, GPUDevice] = {}
+        self._gpu_objects_by_node: dict[str, set[str]] = {}
+        self._node_labels: dict[str, dict[str, str]] = {}
+        self._devices: dict[str, list[GPUDevice]] = {}  # per node, sorted by name
+        self._pools: dict[str, tuple[str | None, bool]] = {}  # name -> (template, is default)
+        self._templates: dict[str, Mode | None] = {}
+        self._default_pool: str | None = None
+        self._pods: dict[str, _Pod] = {}
+        self._pods_by_node: dict[str, set[str]] = {}
+        self._reserved_pods: dict[str, _Pod] = {}
+        self._reservations: dict[str, tuple[Reservation, Allocation]] = {}
+        self._tick = 0  # one step per node change; self._changes[i] changed at tick base + i + 1
+        self._changes: list[str] = []
+        self._changes_base = 0
+        self._loads: dict[str, dict[str | None, float]] = {}
+        self._requests: dict[tuple[str, str, str | None], _Parsed | ContractError] = {}
+        self._tables: OrderedDict[tuple[object, ...], _Table] = OrderedDict()
+
+    # --- events -----------------------------------------------------------------------------------
+
+    def apply(self, kind: Kind, event: str, obj: dict[str, Any]) -> None:
+        deleted = event == "DELETED"
+        if kind is Kind.POD:
+            self._apply_pod(obj, deleted)
+        elif kind is Kind.GPU:
+            self._apply_gpu(obj, deleted)
+        elif kind is Kind.NODE:
+            self._apply_node(obj, deleted)
+        elif kind is Kind.POOL:
+            self._apply_pool(obj, deleted)
+        elif kind is Kind.TEMPLATE:
+            name = object_name(obj)
+            if deleted:
+                self._templates.pop(name, None)
+            else:
+                self._templates[name] = parse_mode(template_mode(obj))
+
+    def _apply_pod(self, obj: dict[str, Any], deleted: bool) -> None:
+        uid = pod_uid(obj)
+        old = self._pods.pop(uid, None)
+        if old is not None and old.node is not None:
+            self._pods_by_node.get(old.node, set()).discard(uid)
+        phase = str((obj.get("status") or {}).get("phase") or "")
+        if deleted or phase in TERMINAL_PHASES:
+            self._touch(self._ledger.forget(uid))
+            self._drop_reserved_pod(uid)
+            return
+        node = (obj.get("spec") or {}).get("nodeName") or None
+        record = _Pod(uid, pod_key(obj), node, phase, pod_index(obj), pod_priority(obj))
+        self._pods[uid] = record
+        if node is not None:
+            self._pods_by_node.setdefault(node, set()).add(uid)
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        gpu_ids = tuple(dict.fromkeys(parse_gpu_ids(annotations.get(GPU_IDS))))
+        parsed = self._parse(obj, self._default_pool or _LEDGER_POOL) if node and gpu_ids else None
+        if node and gpu_ids and isinstance(parsed, _Parsed):
+            allocation = Allocation(uid, record.key, node, gpu_ids, parsed.request, record.priority)
+            self._touch(self._ledger.bind(allocation))
+            self._drop_reserved_pod(uid)
+        else:
+            self._touch(self._ledger.unbind(uid))
+
+    def _apply_gpu(self, obj: dict[str, Any], deleted: bool) -> None:
+        if self._source is InventorySource.NODE_LABELS:
+            return
+        name = object_name(obj)
+        old = self._gpu_objects.pop(name, None)
+        if old is not None:
+            self._gpu_objects_by_node.get(old.node, set()).discard(name)
+        device = None if deleted else gpu_from_object(obj)
+        if device is not None:
+            self._gpu_objects[name] = device
+            self._gpu_objects_by_node.setdefault(device.node, set()).add(name)
+            self._refresh_node(device.node)
+        if old is not None and (device is None or device.node != old.node):
+            self._refresh_node(old.node)
+
+    def _apply_node(self, obj: dict[str, Any], deleted: bool) -> None:
+        name = object_name(obj)
+        labels = {} if deleted else node_labels(obj)
+        if self._node_labels.get(name, {}) == labels:
+            return
+        if labels:
+            self._node_labels[name] = labels
+        else:
+            self._node_labels.pop(name, None)
+        self._refresh_node(name)
+
+    def _apply_pool(self, obj: dict[str, Any], deleted: bool) -> None:
+        name = object_name(obj)
+        if deleted:
+            self._pools.pop(name, None)
+        else:
+            self._pools[name] = (pool_template(obj), pool_is_default(obj))
+        defaults = sorted(n for n, (_, is_default) in self._pools.items() if is_default)
+        default = defaults[0] if defaults else None
+        if default != self._default_pool:
+            self._default_pool = default
+            for node in list(self._node_labels):
+                self._refresh_node(node)
+
+    # --- aggregates -------------------------------------------------------------------------------
+
+    def _node_inventory(self, node: str) -> list[GPUDevice]:
+        objects = self._gpu_objects_by_node.get(node)
+        if objects and self._source is not InventorySource.NODE_LABELS:
+            return sorted((self._gpu_objects[n] for n in objects), key=lambda d: d.name)
+        labels = self._node_labels.get(node)
+        if self._source is InventorySource.GPU_OBJECTS or not labels or not has_gfd_labels(labels):
+            return []
+        return gpus_from_node_labels(node, labels, self._default_pool)
+
+    def _refresh_node(self, node: str) -> None:
+        old = {d.name: d for d in self._devices.get(node, [])}
+        new = self._node_inventory(node)
+        touched = {node}
+        for name in old.keys() - {d.name for d in new}:
+            touched |= self._ledger.remove_gpu(name)
+        for device in new:
+            touched |= self._ledger.set_gpu(device.name, node, device.capacity_tflops, device.capacity_vram)
+        if new:
+            self._devices[node] = new
+        else:
+            self._devices.pop(node, None)
+        self._touch(touched)
+
+    def _touch(self, nodes: Iterable[str]) -> None:
+        for node in nodes:
+            self._tick += 1
+            self._changes.append(node)
+            by_pool: dict[str | None, list[Slot]] = {}
+            for slot in self._slots(node):
+                by_pool.setdefault(slot.device.pool, []).append(slot)
+            self._loads[node] = {pool: mean_load(slots) for pool, slots in by_pool.items()}
+
+        if len(self._changes) > _CHANGE_LOG_SIZE:
+            self._changes_base += len(self._changes)
+            self._changes = []
+
+    def _slots(self, node: str) -> list[Slot]:
+        usage = self._ledger.usage
+        out = []
+        for device in self._devices.get(node, ()):
+            used = usage(device.name)
+            out.append(Slot(device, used.tflops, used.vram, used.whole))
+        return out
+
+    # --- requests ---------------------------------------------------------------------------------
+
+    def _parse(self, pod: Mapping[str, Any], default_pool: str | None) -> _Parsed | ContractError:
+        meta = pod.get("metadata") or {}
+        key = (pod_uid(pod), str(meta.get("resourceVersion") or ""), default_pool)
+        cached = self._requests.get(key)
+        if cached is not None and meta.get("resourceVersion"):
+            return cached
+        annotations = meta.get("annotations") or {}
+        try:
+            request = parse_request(annotations, RequestContext(default_pool=default_pool))
+            result: _Parsed | ContractError = _Parsed(request, _shape(request), Demand.of(request))
+        except ContractError as exc:
+            result = exc
+        except (TypeError, ValueError, AttributeError) as exc:
+            result = ContractError("metadata.annotations", "", f"cannot be read: {exc}")
+        if len(self._requests) >= _REQUEST_CACHE_SIZE:
+            self._requests.clear()
+        self._requests[key] = result
+        return result
+
+    def request_of(self, pod: Mapping[str, Any]) -> GPURequest:
+        """The pod's effective request; raises ``PlacementError`` with the contract's message."""
+        parsed = self._parse(pod, self._default_pool)
+        if isinstance(parsed, ContractError):
+            raise PlacementError(str(parsed))
+        return parsed.request
+
+    def mode_for(self, pool: str | None) -> Mode:
+        if self._override is not None:
+            return self._override
+        template, _ = self._pools.get(pool or "", (None, False))
+        return self._templates.get(template or "") or DEFAULT_MODE
+
+    @property
+    def default_pool(self) -> str | None:
+        return self._default_pool
+
+    @property
+    def max_pods_per_node(self) -> int:
+        return self._max_pods
+
+    def nodes(self) -> list[str]:
+        """Every node with at least one GPU known to the extender, by name."""
+        return sorted(self._devices)
+
+    # --- filter and prioritize --------------------------------------------------------------------
+
+    def _table(self, parsed: _Parsed) -> _Table:
+        """The verdict table of this request shape, brought up to date with the nodes changed since."""
+        table = self._tables.get(parsed.shape)
+        if table is None:
+            table = self._tables[parsed.shape] = _Table(self._tick)
+            if len(self._tables) > _VERDICT_CACHE_SHAPES:
+                self._tables.popitem(last=False)
+            return table
+        self._tables.move_to_end(parsed.shape)
+        if table.synced == self._tick:
+            return table
+        if table.synced < self._changes_base:
+            changed: Iterable[str] = list(table.verdicts)
+        else:
+            changed = set(self._changes[table.synced - self._changes_base:])
+        for node in changed:
+            if node in table.verdicts:
+                self._judge(table, node, parsed)
+        table.synced = self._tick
+        return table
+
+    def _judge(self, table: _Table, node: str, parsed: _Parsed) -> Verdict:
+        slots = self._slots(node)
+        if not slots:
+            verdict = Verdict(Fit.UNRESOLVABLE, UNKNOWN_NODE)
+        else:
+            pods = self._ledger.pods_on(node)
+            verdict = evaluate(slots, parsed.request, pods, self._max_pods, parsed.demand)
+        if verdict.fit is Fit.FITS:
+            verdict = _FITS
+            table.fit_load[node] = self._loads[node].get(parsed.request.pool, 0.0)
+        else:
+            table.fit_load.pop(node, None)
+        table.verdicts[node] = verdict
+        return verdict
+
+    def _verdicts_for(self, parsed: _Parsed, node_names: Sequence[str]) -> _Table:
+        table = self._table(parsed)
+        # map/filter keep the per-node work in C: this is the hot path at thousands of nodes.
+        for name in filterfalse(table.verdicts.__contains__, node_names):
+            self._judge(table, name, parsed)
+        return table
+
+    def filter(self, pod: dict[str, Any], node_names: Sequence[str]) -> FilterOutcome:
+        parsed = self._parse(pod, self._default_pool)
+        if isinstance(parsed, ContractError):
+            return FilterOutcome([], {}, {}, str(parsed), False)
+        table = self._verdicts_for(parsed, node_names)
+        fits = list(filter(table.fit_load.__contains__, node_names))
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        if len(fits) < len(node_names):
+            for name in filterfalse(table.fit_load.__contains__, node_names):
+                verdict = table.verdicts[name]
+                (failed if verdict.fit is Fit.FAILED else unresolvable)[name] = verdict.message
+        return FilterOutcome(fits, failed, unresolvable, None, not fits and bool(failed))
+
+    def prioritize(self, pod: dict[str, Any], node_names: Sequence[str]) -> list[tuple[str, int]]:
+        parsed = self._parse(pod, self._default_pool)
+        if isinstance(parsed, ContractError):
+            return [(name, 0) for name in node_names]
+        lowest_first = node_order_value(self.mode_for(parsed.request.pool), 1.0) > 0
+        fit_load = self._verdicts_for(parsed, node_names).fit_load
+        fitting = list(map(fit_load.__getitem__, filter(fit_load.__contains__, node_names)))
+        pick = heapq.nsmallest if lowest_first else heapq.nlargest
+        best = pick(_SCORE_LEVELS, fitting)
+        if len(set(best)) < len(best):  # equal loads share a score: rank the distinct values
+            best = pick(_SCORE_LEVELS, set(fitting))
+        score_of: dict[float | None, int] = {v: MAX_SCORE - rank for rank, v in enumerate(best)}
+        score_of[None] = 0
+        scores = map(score_of.get, map(fit_load.get, node_names), repeat(MIN_FIT_SCORE))
+        return list(zip(node_names, scores, strict=False))
+
+    def rank(self, pod: dict[str, Any], node_names: Sequence[str]) -> list[str]:
+        """The fitting nodes in the mode's order (ties by name): the order prioritize scores."""
+        parsed = self._parse(pod, self._default_pool)
+        if isinstance(parsed, ContractError):
+            return []
+        sign = node_order_value(self.mode_for(parsed.request.pool), 1.0)
+        fit_load = self._verdicts_for(parsed, node_names).fit_load
+        return sorted({n for n in node_names if n in fit_load}, key=lambda n: (sign * fit_load[n], n))
+
+    # --- bind -------------------------------------------------------------------------------------
+
+    def reserve(self, pod: dict[str, Any], node: str) -> Reservation:
+        request = self.request_of(pod)
+        uid, key = pod_uid(pod), pod_key(pod)
+        bound = self._ledger.bound(uid)
+        if bound is not None:
+            raise PlacementError(f"pod {key} already holds GPUs {','.join(bound.gpu_ids)} on {bound.node}")
+        # A retry replaces the pod's earlier reservation, which is restored if the new one fails.
+        previous = self._reservations.pop(uid, None)
+        if previous is not None:
+            self._touch(self._ledger.release(previous[1]))
+        verdict = evaluate(self._slots(node), request, self._ledger.pods_on(node), self._max_pods)
+        if verdict.fit is not Fit.FITS:
+            if previous is not None:
+                self._reservations[uid] = previous
+                self._touch(self._ledger.reserve(previous[1]))
+            raise PlacementError(f"node {node}: {verdict.message}")
+        gpu_ids = choose_gpus(verdict.fitting, request, self.mode_for(request.pool))
+        priority = pod_priority(pod)
+        allocation = Allocation(uid, key, node, gpu_ids, request, priority)
+        reservation = Reservation(key, uid, node, gpu_ids, request)
+        self._reservations[uid] = (reservation, allocation)
+        self._reserved_pods[uid] = _Pod(uid, key, node, "", pod_index(pod), priority)
+        self._touch(self._ledger.reserve(allocation))
+        return reservation
+
+    def release(self, reservation: Reservation) -> None:
+        held = self._reservations.get(reservation.pod_uid)
+        if held is None or held[0] != reservation:
+            return
+        del self._reservations[reservation.pod_uid]
+        self._reserved_pods.pop(reservation.pod_uid, None)
+        self._touch(self._ledger.release(held[1]))
+
+    def _drop_reserved_pod(self, uid: str) -> None:
+        self._reservations.pop(uid, None)
+        self._reserved_pods.pop(uid, None)
+
+    def pending_index_holder(self, node: str, index: int, pod_uid: str) -> str | None:
+        on_node = self._pods_by_node.get(node, set())
+        candidates = [self._pods[uid] for uid in on_node]
+        candidates += [p for p in self._reserved_pods.values() if p.node == node and p.uid not in on_node]
+        for pod in sorted(candidates, key=lambda p: p.key):
+            if pod.uid != pod_uid and pod.index == index and pod.phase not in ("Running", *TERMINAL_PHASES):
+                return pod.key
+        return None
+
+    # --- preemption -------------------------------------------------------------------------------
+
+    def _victims(self, node: str, request: GPURequest, priority: int, uid: str) -> list[Victim] | None:
+        slots = self._slots(node)
+        pods = self._ledger.pods_on(node)
+        if not slots or evaluate(slots, request, pods, self._max_pods).fit is Fit.UNRESOLVABLE:
+            return None
+        candidates = [
+            Candidate(a, {gpu: self._ledger.share(a, gpu) for gpu in a.gpu_ids})
+            for a in self._ledger.allocations_on(node)
+            if a.priority < priority and a.uid != uid and self._ledger.bound(a.uid) is a
+        ]
+        chosen = choose_victims(slots, request, pods, self._max_pods, candidates)
+        if chosen is None:
+            return None
+        out = []
+        for victim in chosen:
+            namespace, _, name = victim.allocation.pod_key.partition("/")
+            out.append(Victim(victim.allocation.uid, namespace, name, victim.priority))
+        return out
+
+    def preempt(self, pod: dict[str, Any], nodes: Sequence[str]) -> dict[str, list[Victim]]:
+        parsed = self._parse(pod, self._default_pool)
+        if isinstance(parsed, ContractError):
+            return {}
+        out: dict[str, list[Victim]] = {}
+        for node in nodes:
+            victims = self._victims(node, parsed.request, pod_priority(pod), pod_uid(pod))
+            if victims is not None:
+                out[node] = victims
+        return out
+
+    def find_preemption(self, pod: dict[str, Any]) -> tuple[str, list[Victim]] | None:
+        parsed = self._parse(pod, self._default_pool)
+        if isinstance(parsed, ContractError):
+            return None
+        pool = parsed.request.pool
+        nodes = [n for n in self.nodes() if pool in self._loads.get(n, {})]
+        options = self.preempt(pod, nodes)
+        if not options:
+            return None
+        best = min(options.items(), key=lambda item: (
+            len(item[1]), max((v.priority for v in item[1]), default=-(2**63)), item[0]))
+        return best[0], best[1]
+
+    # --- views ------------------------------------------------------------------------------------
+
+    def node_gpus(self, node: str) -> list[GPUView]:
+        return [
+            GPUView(
+                name=s.device.name, node=node, pool=s.device.pool, model=s.device.model,
+                vendor=s.device.vendor, index=s.device.index, phase=s.device.phase,
+                capacity_tflops=tflops_of(s.device.capacity_tflops), capacity_vram=s.device.capacity_vram,
+                used_tflops=tflops_of(s.used_tflops), used_vram=s.used_vram, used_percent=s.used,
+            )
+            for s in self._slots(node)
+        ]
+
+    def allocations(self) -> list[Allocation]:
+        """Every allocation that counts (bound pods, then reservations of binds in flight)."""
+        return self._ledger.allocations()
+
+    def gpu_usage(self) -> dict[str, tuple[Fraction, int]]:
+        """Allocated TFLOPS and VRAM per known GPU."""
+        return {
+            s.device.name: (tflops_of(s.used_tflops), s.used_vram)
+            for node in self._devices for s in self._slots(node)
+        }
+
+    def utilisation(self) -> Utilisation:
+        nodes: dict[str, list[Slot]] = {}
+        pools: dict[str, list[Slot]] = {}
+        for node in sorted(self._devices):
+            for slot in self._slots(node):
+                nodes.setdefault(node, []).append(slot)
+                if slot.device.pool:
+                    pools.setdefault(slot.device.pool, []).append(slot)
+        node_figures = {name: _figures(slots) for name, slots in nodes.items()}
+        return Utilisation(
+            nodes=node_figures,
+            pools={name: _figures(slots) for name, slots in sorted(pools.items())},
+            partially_used_gpus=sum(f.partially_used_gpus for f in node_figures.values()),
+        )
+
+
+def _figures(slots: Sequence[Slot]) -> UsageFigures:
+    cap_t = sum(s.device.capacity_tflops for s in slots)
+    cap_v = sum(s.device.capacity_vram for s in slots)
+    used_t = sum(s.used_tflops for s in slots)
+    used_v = sum(s.used_vram for s in slots)
+    return UsageFigures(
+        tflops_percent=100.0 * used_t / cap_t if cap_t else 0.0,
+        vram_percent=100.0 * used_v / cap_v if cap_v else 0.0,
+        gpus=len(slots),
+        used_gpus=sum(1 for s in slots if not s.idle),
+        partially_used_gpus=sum(1 for s in slots if not s.idle and 0.0 < s.used < 100.0),
+    )

@@ -1,0 +1,112 @@
+"""Ledger: per-GPU usage from bound pods and reservations, counted once, in any event order."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from extender.contract import GPURequest, Isolation
+from extender.inventory import NANO
+from extender.ledger import Allocation, Ledger, Usage
+
+GIB = 1 << 30
+
+
+def request(
+    tflops: str | None = "10",
+    vram: int = 4 * GIB,
+    percent: str | None = None,
+    isolation: Isolation = Isolation.SOFT,
+) -> GPURequest:
+    return GPURequest(
+        pool="p",
+        tflops_request=Fraction(tflops) if tflops else None,
+        percent_request=Fraction(percent) if percent else None,
+        vram_request=vram,
+        isolation=isolation,
+    )
+
+
+def alloc(
+    uid: str, gpus: tuple[str, ...] = ("g1",), req: GPURequest | None = None, node: str = "n1"
+) -> Allocation:
+    return Allocation(uid, f"ns/{uid}", node, gpus, req or request())
+
+
+def ledger_with_gpus(*names: str) -> Ledger:
+    ledger = Ledger()
+    for name in names:
+        ledger.set_gpu(name, "n1", 100 * NANO, 40 * GIB)
+    return ledger
+
+
+@pytest.mark.parametrize(
+    ("req", "expected"),
+    [
+        (request("10", 4 * GIB), Usage(10 * NANO, 4 * GIB, 0)),
+        (request(None, 2 * GIB, percent="25"), Usage(25 * NANO, 2 * GIB, 0)),
+        (request(None, 0, percent="33.3"), Usage(33_300_000_000, 0, 0)),
+        (request(None, 0, isolation=Isolation.SHARED), Usage(100 * NANO, 40 * GIB, 1)),
+    ],
+)
+def test_one_pod_holds_its_share_of_the_gpu(req: GPURequest, expected: Usage) -> None:
+    ledger = ledger_with_gpus("g1")
+    ledger.bind(alloc("a", req=req))
+    assert ledger.usage("g1") == expected
+
+
+def test_multi_gpu_pod_holds_its_request_on_each_gpu() -> None:
+    ledger = ledger_with_gpus("g1", "g2", "g3")
+    ledger.bind(alloc("a", ("g1", "g2")))
+    assert [ledger.usage(g).tflops for g in ("g1", "g2", "g3")] == [10 * NANO, 10 * NANO, 0]
+    assert ledger.pods_on("n1") == 1
+
+
+def test_bound_pod_replaces_its_reservation_and_is_not_counted_twice() -> None:
+    ledger = ledger_with_gpus("g1")
+    ledger.reserve(alloc("a"))
+    ledger.bind(alloc("a"))
+    assert ledger.usage("g1").tflops == 10 * NANO
+    ledger.release(alloc("a"))  # a late release changes nothing once the pod shows the allocation
+    assert ledger.usage("g1").tflops == 10 * NANO
+
+
+def test_release_is_idempotent_and_ignores_stale_reservations() -> None:
+    ledger = ledger_with_gpus("g1", "g2")
+    first, second = alloc("a", ("g1",)), alloc("a", ("g2",))
+    ledger.reserve(first)
+    ledger.reserve(second)
+    ledger.release(first)
+    assert (ledger.usage("g1").tflops, ledger.usage("g2").tflops) == (0, 10 * NANO)
+    ledger.release(second)
+    ledger.release(second)
+    assert ledger.usage("g2") == Usage() and ledger.pods_on("n1") == 0
+
+
+def test_unbind_keeps_a_reservation_in_flight_but_forget_drops_it() -> None:
+    ledger = ledger_with_gpus("g1")
+    ledger.reserve(alloc("a"))
+    ledger.unbind("a")
+    assert ledger.usage("g1").tflops == 10 * NANO
+    ledger.forget("a")
+    assert ledger.usage("g1") == Usage()
+
+
+def test_gpu_arriving_after_the_pod_counts_the_pod() -> None:
+    ledger = Ledger()
+    ledger.bind(alloc("a", req=request(None, GIB, percent="50")))
+    assert ledger.usage("g1") == Usage()
+    ledger.set_gpu("g1", "n1", 200 * NANO, 40 * GIB)
+    assert ledger.usage("g1") == Usage(100 * NANO, GIB, 0)
+    ledger.set_gpu("g1", "n1", 100 * NANO, 40 * GIB)  # capacity changed: percent share follows
+    assert ledger.usage("g1") == Usage(50 * NANO, GIB, 0)
+    ledger.forget("a")
+    assert ledger.usage("g1") == Usage()
+
+
+def test_touched_nodes_are_reported_for_cache_invalidation() -> None:
+    ledger = ledger_with_gpus("g1")
+    assert ledger.bind(alloc("a")) == {"n1"}
+    assert ledger.bind(alloc("a")) == set()
+    assert ledger.forget("a") == {"n1"}

@@ -1,0 +1,252 @@
+"""Properties of the ledger and placement over random clusters and random event sequences."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from extender import contract
+from extender.state import ClusterState, Kind, PlacementError, Reservation
+
+PROPERTY_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+GIB = 1 << 30
+
+
+def gpu(name: str, node: str, tflops: int, vram_gib: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"tensor-fusion.ai/gpupool": "p"}},
+        "status": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "capacity": {"tflops": str(tflops), "vram": f"{vram_gib}Gi"},
+            "gpuModel": "X",
+            "vendor": "NVIDIA",
+            "phase": "Running",
+        },
+    }
+
+
+clusters = st.lists(
+    st.lists(
+        st.tuples(st.sampled_from([50, 100, 312]), st.sampled_from([16, 40, 80])), min_size=1, max_size=3
+    ),
+    min_size=1,
+    max_size=3,
+).map(
+    lambda nodes: [
+        gpu(f"n{i}-g{j}", f"n{i}", t, v) for i, gpus in enumerate(nodes) for j, (t, v) in enumerate(gpus)
+    ]
+)
+
+requests = st.one_of(
+    st.fixed_dictionaries(
+        {
+            contract.TFLOPS_REQUEST: st.sampled_from(["0", "1", "10", "25500m", "60", "120"]),
+            contract.VRAM_REQUEST: st.sampled_from(["0", "1Gi", "8Gi", "30Gi"]),
+            contract.GPU_COUNT: st.sampled_from(["1", "1", "2"]),
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            contract.PERCENT_REQUEST: st.sampled_from(["10", "33.3", "50", "100"]),
+            contract.VRAM_REQUEST: st.sampled_from(["1Gi", "8Gi"]),
+        }
+    ),
+    st.just({contract.ISOLATION: "shared"}),
+)
+
+# (operation, pod number, node number)
+operations = st.lists(
+    st.tuples(
+        st.sampled_from(["reserve", "reserve", "bind", "release", "delete", "finish"]),
+        st.integers(0, 5),
+        st.integers(0, 2),
+    ),
+    max_size=25,
+)
+
+
+def pod(
+    number: int,
+    annotations: dict[str, str],
+    rv: int,
+    node: str | None = None,
+    gpu_ids: tuple[str, ...] = (),
+    phase: str = "Pending",
+) -> dict[str, Any]:
+    ann = {contract.GPU_POOL: "p", **annotations}
+    if gpu_ids:
+        ann[contract.GPU_IDS] = ",".join(gpu_ids)
+    spec = {"nodeName": node} if node else {}
+    return {
+        "metadata": {
+            "name": f"pod{number}",
+            "namespace": "ns",
+            "uid": f"uid{number}",
+            "resourceVersion": str(rv),
+            "annotations": ann,
+        },
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+def capacity_of(cluster: list[dict[str, Any]]) -> dict[str, tuple[Fraction, int]]:
+    return {
+        g["metadata"]["name"]: (
+            Fraction(g["status"]["capacity"]["tflops"]),
+            int(g["status"]["capacity"]["vram"][:-2]) * GIB,
+        )
+        for g in cluster
+    }
+
+
+def assert_within_capacity(state: ClusterState, capacity: dict[str, tuple[Fraction, int]]) -> None:
+    for name, (tflops, vram) in state.gpu_usage().items():
+        assert 0 <= tflops <= capacity[name][0] and 0 <= vram <= capacity[name][1], name
+
+
+def expected_usage(
+    state: ClusterState,
+    live: dict[int, tuple[dict[str, str], tuple[str, ...]]],
+    capacity: dict[str, tuple[Fraction, int]],
+) -> dict[str, tuple[Fraction, int]]:
+    """Per-GPU usage recomputed from scratch from what should be held: each live pod counted once."""
+    usage = {name: (Fraction(0), 0) for name in capacity}
+    for pod_annotations, gpu_ids in live.values():
+        request = contract.parse_request({contract.GPU_POOL: "p", **pod_annotations})
+        for name in gpu_ids:
+            cap_t, cap_v = capacity[name]
+            t, v = usage[name]
+            usage[name] = (t + request.tflops_on(cap_t), v + request.vram_on(cap_v))
+    return usage
+
+
+def run(
+    cluster: list[dict[str, Any]], reqs: list[dict[str, str]], ops: list[tuple[str, int, int]]
+) -> tuple[ClusterState, dict[int, tuple[dict[str, str], tuple[str, ...]]], list[dict[str, Any]]]:
+    """Drive a state like bind calls and watch events would; returns it, who holds what, and bound pods."""
+    state = ClusterState()
+    for obj in cluster:
+        state.apply(Kind.GPU, "ADDED", obj)
+    capacity = capacity_of(cluster)
+    nodes = sorted({g["status"]["nodeSelector"]["kubernetes.io/hostname"] for g in cluster})
+    reservations: dict[int, Reservation] = {}
+    live: dict[int, tuple[dict[str, str], tuple[str, ...]]] = {}
+    bound: dict[int, dict[str, Any]] = {}
+    rv = 0
+    for op, number, node_number in ops:
+        rv += 1
+        annotations = reqs[number % len(reqs)]
+        if op == "reserve" and number not in bound:
+            try:
+                reservation = state.reserve(pod(number, annotations, 1), nodes[node_number % len(nodes)])
+            except PlacementError:
+                continue
+            reservations[number] = reservation
+            live[number] = (annotations, reservation.gpu_ids)
+        elif op == "release" and number in reservations:
+            state.release(reservations.pop(number))
+            if number not in bound:
+                live.pop(number, None)
+        elif op == "bind" and number in reservations:
+            reservation = reservations.pop(number)
+            bound[number] = pod(number, annotations, rv, reservation.node, reservation.gpu_ids, "Running")
+            state.apply(Kind.POD, "MODIFIED", bound[number])
+        elif op in ("delete", "finish") and number in bound:
+            obj = bound.pop(number)
+            obj["status"]["phase"] = "Succeeded"
+            state.apply(Kind.POD, "DELETED" if op == "delete" else "MODIFIED", obj)
+            live.pop(number, None)
+            reservations.pop(number, None)
+        assert_within_capacity(state, capacity)
+        assert state.gpu_usage() == expected_usage(state, live, capacity)
+    return state, live, list(bound.values())
+
+
+@PROPERTY_SETTINGS
+@given(clusters, st.lists(requests, min_size=1, max_size=4), operations)
+def test_no_gpu_ever_exceeds_capacity_and_nothing_is_counted_twice(
+    cluster: list[dict[str, Any]], reqs: list[dict[str, str]], ops: list[tuple[str, int, int]]
+) -> None:
+    run(cluster, reqs, ops)
+
+
+@PROPERTY_SETTINGS
+@given(clusters, st.lists(requests, min_size=1, max_size=4), operations, st.randoms(use_true_random=False))
+def test_rebuilding_from_bound_pods_gives_the_same_ledger(
+    cluster: list[dict[str, Any]], reqs: list[dict[str, str]], ops: list[tuple[str, int, int]], rnd: Any
+) -> None:
+    state, _, bound = run(cluster, reqs, ops)
+    # Drop reservations still in flight: only what the API shows survives a restart.
+    only_bound = ClusterState()
+    for obj in bound:
+        only_bound.apply(Kind.POD, "ADDED", obj)
+    for obj in cluster:
+        only_bound.apply(Kind.GPU, "ADDED", obj)
+    rebuilt = ClusterState()
+    pods, gpus = list(bound), list(cluster)
+    rnd.shuffle(pods)
+    rnd.shuffle(gpus)
+    for obj in pods:  # pods first: GPU objects arrive after the pods that use them
+        rebuilt.apply(Kind.POD, "ADDED", obj)
+    for obj in gpus:
+        rebuilt.apply(Kind.GPU, "ADDED", obj)
+    assert rebuilt.gpu_usage() == only_bound.gpu_usage()
+    held_by_bound = {
+        a.pod_key for a in state.allocations() if a.pod_key in {f"ns/{p['metadata']['name']}" for p in bound}
+    }
+    assert {a.pod_key for a in rebuilt.allocations()} == held_by_bound
+
+
+annotation_keys = st.sampled_from(
+    [
+        contract.TFLOPS_REQUEST,
+        contract.TFLOPS_LIMIT,
+        contract.VRAM_REQUEST,
+        contract.VRAM_LIMIT,
+        contract.PERCENT_REQUEST,
+        contract.PERCENT_LIMIT,
+        contract.GPU_COUNT,
+        contract.GPU_POOL,
+        contract.GPU_MODEL,
+        contract.VENDOR,
+        contract.GPU_INDICES,
+        contract.ISOLATION,
+        contract.QOS,
+        contract.AUTOSCALE,
+        contract.AUTOSCALE_TARGET,
+        contract.GPU_IDS,
+        "other/key",
+    ]
+)
+annotation_values = st.one_of(
+    st.text(max_size=12), st.sampled_from(["1", "0", "-1", "1Gi", "50", "1,2", "shared"])
+)
+
+
+@PROPERTY_SETTINGS
+@given(clusters, st.dictionaries(annotation_keys, annotation_values, max_size=6))
+def test_verbs_never_raise_on_random_annotations(
+    cluster: list[dict[str, Any]], annotations: dict[str, str]
+) -> None:
+    state = ClusterState()
+    for obj in cluster:
+        state.apply(Kind.GPU, "ADDED", obj)
+    candidate = {
+        "metadata": {"name": "x", "namespace": "ns", "uid": "x", "annotations": annotations},
+        "spec": {},
+    }
+    nodes = [*state.nodes(), "unknown"]
+    outcome = state.filter(candidate, nodes)
+    scores = state.prioritize(candidate, nodes)
+    assert [name for name, _ in scores] == nodes and all(0 <= s <= 10 for _, s in scores)
+    if outcome.error is None:
+        assert sorted(outcome.fits + list(outcome.failed) + list(outcome.unresolvable)) == sorted(nodes)
+    else:
+        assert outcome.fits == [] and "tensor-fusion.ai/" in outcome.error
+    state.preempt(candidate, nodes)
+    bound = {**candidate, "spec": {"nodeName": nodes[0]}}
+    state.apply(Kind.POD, "ADDED", bound)  # a bound pod with nonsense annotations is not counted
