@@ -9,6 +9,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
+from extender.expansion import config as expansion_config
 from extender.state import InventorySource
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-preemptor", action="store_true",
                        help="do not delete lower-priority GPU pods for pods that fit nowhere")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    expansion_config.add_arguments(serve)
 
     simulate = commands.add_parser("simulate", help="place pods on a cluster snapshot, offline")
     try:
@@ -72,7 +74,7 @@ def serve(args: argparse.Namespace) -> int:
     settings = Settings(
         port=args.port, bind_address=args.bind_address, prefix=args.prefix, cert_dir=args.cert_dir,
         inventory=InventorySource(args.inventory_source), max_pods_per_node=args.max_pods_per_node,
-        preemptor=not args.no_preemptor,
+        preemptor=not args.no_preemptor, expansion=expansion_config.from_args(args),
     )
     try:
         asyncio.run(_run(ExtenderService(api_client, settings)))

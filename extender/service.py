@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -26,6 +26,8 @@ from kubernetes import client
 
 from extender.binder import Binder
 from extender.contract import COMPONENT_LABEL, COMPONENT_WORKER
+from extender.expansion.config import ExpansionConfig
+from extender.expansion.kubeport import kube_expander
 from extender.kube import resources
 from extender.kube.events import EventRecorder
 from extender.kube.informer import WatchCache
@@ -53,6 +55,7 @@ class Settings:
     preemptor: bool = True
     deadline: float = DEFAULT_DEADLINE
     shutdown_timeout: float = 15.0
+    expansion: ExpansionConfig = field(default_factory=ExpansionConfig)
 
 
 def build_caches(api_client: client.ApiClient, state: ClusterState,
@@ -88,7 +91,13 @@ class ExtenderService:
         self.binder = Binder(self.state, self.caches["pods"], pod_api, self.recorder, self.metrics)
         self.preemptor = (Preemptor(self.state, pod_api, self.recorder, self.metrics)
                           if settings.preemptor else None)
-        all_observers = list(observers) + ([self.preemptor.consider] if self.preemptor else [])
+        self.expander = (kube_expander(settings.expansion, api_client, self.state, self.recorder,
+                                       self.metrics.registry) if settings.expansion.enabled else None)
+        all_observers = list(observers)
+        if self.preemptor is not None:
+            all_observers.append(self.preemptor.consider)
+        if self.expander is not None:
+            all_observers.append(self.expander.observe)
         self.handlers = Handlers(self.state, self.binder, self.metrics, unsynced=self.unsynced,
                                  observers=all_observers, deadline=settings.deadline)
         self.metrics.on_scrape(self.refresh_gauges)
@@ -114,6 +123,8 @@ class ExtenderService:
                  for name, cache in self.caches.items()]
         if self.preemptor is not None:
             tasks.append(asyncio.create_task(self.preemptor.run(), name="preemptor"))
+        if self.expander is not None:
+            tasks.append(asyncio.create_task(self.expander.run(), name="expander"))
         await self.recorder.start()
         ssl_context = None
         if self.settings.cert_dir:

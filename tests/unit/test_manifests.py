@@ -119,7 +119,7 @@ def test_webhook_scope_matches_design():
         }
     ]
     assert wh["failurePolicy"] == "Fail" and wh["sideEffects"] == "None"
-    assert wh["admissionReviewVersions"] == ["v1"] and wh["reinvocationPolicy"] == "Never"
+    assert wh["admissionReviewVersions"] == ["v1"] and wh["reinvocationPolicy"] == "IfNeeded"
     assert wh["timeoutSeconds"] == 10
     assert wh["namespaceSelector"] == {
         "matchExpressions": [
