@@ -33,5 +33,13 @@ e2e: venv control-plane
 test: lint typecheck control-plane
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+## make demo [ONCE=1]: local control plane, sample GPU cluster and pods, a placement table
+demo: venv control-plane
+	$(BIN)/python -m tests.e2e.demo $(if $(ONCE),--once,)
+
+## make bench [QUICK=1]: benchmarks, results in bench/results/latest.md
+bench: venv control-plane
+	$(BIN)/python -m bench.run $(if $(QUICK),--quick,)
+
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -114,6 +115,14 @@ class ExtenderService:
         pools = [PoolUse(pool, f.tflops_percent, f.vram_percent) for pool, f in use.pools.items()]
         self.metrics.set_utilisation(nodes, pools, use.partially_used_gpus)
 
+    async def _freeze_after_sync(self) -> None:
+        # The first full sync allocates the bulk of the long-lived objects; moving them out of the
+        # collector's generations keeps full collections (tens of ms at 40,000 GPUs) off the verbs' path.
+        await asyncio.gather(*(cache.synced.wait() for cache in self.caches.values()))
+        gc.collect()
+        gc.freeze()
+        log.info("caches synced", extra={"caches": sorted(self.caches)})
+
     def app(self) -> web.Application:
         return create_app(self.handlers, prefix=self.settings.prefix)
 
@@ -125,6 +134,7 @@ class ExtenderService:
             tasks.append(asyncio.create_task(self.preemptor.run(), name="preemptor"))
         if self.expander is not None:
             tasks.append(asyncio.create_task(self.expander.run(), name="expander"))
+        tasks.append(asyncio.create_task(self._freeze_after_sync(), name="gc-freeze"))
         await self.recorder.start()
         ssl_context = None
         if self.settings.cert_dir:
