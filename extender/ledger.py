@@ -140,6 +140,10 @@ class Ledger:
         old = self._effective.get(uid)
         new = self._bound.get(uid) or self._reserved.get(uid)
         if old == new:
+            if new is not None:
+                # Same figures, but the record that holds them now (e.g. the watched pod's allocation
+                # replacing this extender's own reservation): ``bound(uid) is allocation`` must hold.
+                self._effective[uid] = new
             return set()
         touched: set[str] = set()
         if old is not None:

@@ -35,6 +35,7 @@ class VictimLike(Protocol):
 
 class PreemptState(Protocol):
     def find_preemption(self, pod: dict[str, Any]) -> tuple[str, Sequence[VictimLike]] | None: ...
+    def holds(self, uid: str) -> bool: ...
 
 
 class OutcomeLike(Protocol):
@@ -72,6 +73,9 @@ class Preemptor:
         self._pending: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._wake = asyncio.Event()
         self._done: OrderedDict[str, set[frozenset[str]]] = OrderedDict()  # pod uid -> victim sets
+        # pod uid -> victims deleted for it; until they are gone their shares still count (a terminating pod
+        # keeps its GPUs), so the scheduler's retries must not pick further victims meanwhile
+        self._deleted: OrderedDict[str, dict[str, str]] = OrderedDict()  # pod uid -> {victim uid: key}
 
     def consider(self, pod: dict[str, Any], outcome: OutcomeLike) -> None:
         """Called after filter: queue the pod when no node fits but evicting pods could help."""
@@ -93,8 +97,35 @@ class Preemptor:
                 except Exception:
                     log.exception("preemption failed", extra={"pod": _key(pod)})
 
+    def waiting_on(self, pod: dict[str, Any]) -> list[str]:
+        """The victims deleted for ``pod`` that still hold GPU capacity (terminating), by key."""
+        deleted = self._deleted.get(_uid(pod)) or {}
+        return sorted(key for uid, key in deleted.items() if self.state.holds(uid))
+
+    def filter_gate(self, pod: dict[str, Any]) -> str | None:
+        """For a pod that fits nowhere: an error to answer instead, while preemption is making room for it.
+
+        "No node fits" would park the pod in the scheduler's unschedulable queue, and the victims'
+        deletions do not bring it back (the scheduler has no plugin of its own that rejected it, and it may
+        see the deletions before this extender does): it would wait minutes. An error makes the scheduler
+        retry with backoff until the room is there."""
+        waiting = self.waiting_on(pod)
+        if waiting:
+            return f"waiting for preempted GPU pods {', '.join(waiting)} to terminate"
+        if _key(pod) in self._pending:
+            choice = self.state.find_preemption(pod)
+            if choice is not None and choice[1]:
+                names = ", ".join(f"{v.namespace}/{v.name}" for v in choice[1])
+                return f"preempting lower-priority GPU pods {names} on node {choice[0]}"
+        return None
+
     async def preempt_for(self, pod: dict[str, Any]) -> list[str]:
         """Delete the victims the core chooses for ``pod``; returns the deleted pods' keys."""
+        if self.state.holds(_uid(pod)):
+            return []  # a stale queue entry: the pod has been placed (or is being bound) meanwhile
+        if self.waiting_on(pod):
+            return []  # earlier victims are still terminating: their release may be all the pod needs
+        self._deleted.pop(_uid(pod), None)
         choice = self.state.find_preemption(pod)
         if choice is None:
             return []
@@ -107,6 +138,10 @@ class Preemptor:
         done.add(victim_set)
         while len(self._done) > self.max_remembered:
             self._done.popitem(last=False)
+        gone_for_pod = self._deleted.setdefault(_uid(pod), {})
+        self._deleted.move_to_end(_uid(pod))
+        while len(self._deleted) > self.max_remembered:
+            self._deleted.popitem(last=False)
         names = ", ".join(f"{v.namespace}/{v.name}" for v in victims)
         self.events.record(pod, "PreemptingGPUPods",
                            f"deleting lower-priority GPU pods {names} on node {node} to free GPU capacity")
@@ -126,6 +161,7 @@ class Preemptor:
                     self.metrics.preemptions.labels("error").inc()
                 continue
             deleted.append(f"{victim.namespace}/{victim.name}")
+            gone_for_pod[victim.uid] = f"{victim.namespace}/{victim.name}"
             self.events.record(victim_ref, "Preempted",
                                f"Preempted by {_key(pod)} on node {node} to free GPU capacity", "Warning")
             if self.metrics is not None:

@@ -52,12 +52,15 @@ class BadRequest(Exception):
 class Handlers:
     def __init__(self, state: ClusterState, binder: Binder, metrics: Metrics, *,
                  unsynced: Callable[[], list[str]], observers: Sequence[FilterObserver] = (),
+                 gate: Callable[[dict[str, Any]], str | None] | None = None,
                  deadline: float = DEFAULT_DEADLINE) -> None:
         self.state = state
         self.binder = binder
         self.metrics = metrics
         self.unsynced = unsynced
         self.observers = list(observers)
+        # when no node fits: a reason to answer with an error instead, so the scheduler retries with backoff
+        self.gate = gate
         self.deadline = deadline
 
     def _not_ready(self) -> str | None:
@@ -106,6 +109,8 @@ class Handlers:
                     observe(args.pod, outcome)
                 except Exception:
                     log.exception("filter observer failed")
+            if not outcome.fits and self.gate is not None and (reason := self.gate(args.pod)):
+                return _json(filter_error(reason).wire()), "waiting"
             result = filter_result(args, outcome.fits, outcome.failed, outcome.unresolvable,
                                    outcome.error or "")
             return _json(result.wire()), "error" if outcome.error else "ok"

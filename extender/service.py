@@ -100,7 +100,8 @@ class ExtenderService:
         if self.expander is not None:
             all_observers.append(self.expander.observe)
         self.handlers = Handlers(self.state, self.binder, self.metrics, unsynced=self.unsynced,
-                                 observers=all_observers, deadline=settings.deadline)
+                                 observers=all_observers, deadline=settings.deadline,
+                                 gate=self.preemptor.filter_gate if self.preemptor is not None else None)
         self.metrics.on_scrape(self.refresh_gauges)
 
     def unsynced(self) -> list[str]:

@@ -577,6 +577,10 @@ class ClusterState:
                 out[node] = victims
         return out
 
+    def holds(self, uid: str) -> bool:
+        """Whether the pod still holds GPU capacity (bound, reserved, or terminating but not gone)."""
+        return self._ledger.allocation(uid) is not None
+
     def find_preemption(self, pod: dict[str, Any]) -> tuple[str, list[Victim]] | None:
         parsed = self._parse(pod, self._default_pool)
         if isinstance(parsed, ContractError):

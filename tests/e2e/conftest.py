@@ -17,6 +17,18 @@ Fixtures (all session scoped unless noted):
                       extender urlPrefix rewritten, leader election off; ManagedProcess (.port = secure port)
 - ``kwok``           kwok managing Nodes annotated kwok.x-k8s.io/node=fake; ManagedProcess
 - ``cluster``        control_plane with kwok and kube_scheduler running
+- ``webhook``        ``tf-webhook serve`` on loopback with a serving certificate from
+                      ``tf-certs generate``, the shipped MutatingWebhookConfiguration (clientConfig.url
+                      pointed at it, caBundle set by ``tf-certs patch-webhook``), the shipped
+                      PriorityClasses, the tensor-fusion-system namespace and a default GPUPool
+                      (``.default_pool``); a WebhookServer
+- ``extender_runner`` ExtenderRunner owning the one ``tf-extender serve`` on ``extender_port``:
+                      ensure(**flags) (re)starts it only when the flags differ, kill() (SIGKILL),
+                      restart(), metric(name, **labels)
+- ``extender``       (function) extender_runner.ensure() with the default flags
+- ``gpu_cluster``    (function) cluster + webhook + extender: GPU pods go webhook -> scheduler -> extender
+- ``make_pool``      (function) factory: make_pool(mode=None, name=None) -> GPUPool name (with a
+                      SchedulingConfigTemplate of that placement mode), known to the webhook when it returns
 - ``namespace``      (function) a fresh namespace; its pods are deleted at teardown
 - ``make_node``      (function) factory: make_node(name=None, **node_body kwargs) -> name; deleted at teardown
 - ``make_gpu``       (function) factory: make_gpu(name, node, **gpu_body kwargs) -> GPU object;
@@ -32,8 +44,10 @@ import atexit
 import contextlib
 import os
 import signal
+import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,11 +60,22 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "e2e: end-to-end test against a real local control plane")
 
 
+# Smoke tests of the bare control plane first: they include one that needs nothing listening on the
+# extender port, which holds only until the first test starts the real extender.
+_FIRST = ("test_controlplane.py", "test_manifests.py")
+
+
 def pytest_collection_modifyitems(config, items):
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.e2e)
+
+    def rank(item) -> int:
+        name = Path(str(item.fspath)).name
+        return _FIRST.index(name) if name in _FIRST else len(_FIRST)
+
+    items.sort(key=rank)  # stable: the order inside each file (and among the other files) is kept
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -213,3 +238,230 @@ def make_gpu(api_client):
     for name in created:
         with contextlib.suppress(Exception):  # best effort
             custom.delete_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "gpus", name)
+
+
+# ------------------------------------------------------------------------------ webhook and extender
+
+
+class WebhookServer:
+    """``tf-webhook serve`` as a user runs it, registered with the API server."""
+
+    def __init__(self, proc: cpl.ManagedProcess, port: int, cert_dir: Path, default_pool: str) -> None:
+        self.proc = proc
+        self.port = port
+        self.cert_dir = cert_dir
+        self.ca_file = cert_dir / "ca.crt"
+        self.default_pool = default_pool
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+
+def _create_or_replace(create, read, replace, body: dict) -> None:
+    from kubernetes.client.rest import ApiException
+
+    try:
+        create(body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        body["metadata"]["resourceVersion"] = read(body["metadata"]["name"]).metadata.resource_version
+        replace(body["metadata"]["name"], body)
+
+
+@pytest.fixture(scope="session")
+def webhook(control_plane, api_client) -> WebhookServer:
+    from kubernetes import client
+
+    cert_dir = control_plane.workdir / "webhook-certs"
+    cpl.run_console_script(
+        "tf-certs", "generate", "--out-dir", cert_dir, "--dns", "localhost", "--ip", "127.0.0.1"
+    )
+    port = cpl.free_port()
+    proc = control_plane.registry.start(
+        "tf-webhook",
+        [cpl.console_script("tf-webhook"), "serve", "--port", str(port), "--bind-address", "127.0.0.1",
+         "--cert-dir", str(cert_dir), "--kubeconfig", str(control_plane.kubeconfig)],
+        control_plane.log_dir,
+    )
+    cpl.wait_until(
+        lambda: cpl.https_ready(f"https://127.0.0.1:{port}/readyz", cert_dir / "ca.crt", proc),
+        60, interval=0.3, what="tf-webhook /readyz",
+    )
+    core = client.CoreV1Api(api_client)
+    with contextlib.suppress(client.ApiException):  # 409: already there
+        core.create_namespace({"metadata": {"name": cpl.PROJECT_NAMESPACE}})
+    scheduling = client.SchedulingV1Api(api_client)
+    for doc in cpl.load_yaml_docs(cpl.MANIFESTS / "priorityclasses.yaml"):
+        with contextlib.suppress(client.ApiException):  # 409: already there (value is immutable)
+            scheduling.create_priority_class(doc)
+    admission = client.AdmissionregistrationV1Api(api_client)
+    _create_or_replace(
+        admission.create_mutating_webhook_configuration,
+        admission.read_mutating_webhook_configuration,
+        admission.replace_mutating_webhook_configuration,
+        cpl.webhook_configuration(f"https://127.0.0.1:{port}/mutate"),
+    )
+    cpl.run_console_script(
+        "tf-certs", "patch-webhook", "--name", cpl.WEBHOOK_CONFIG_NAME, "--ca-file", cert_dir / "ca.crt",
+        "--kubeconfig", control_plane.kubeconfig,
+    )
+    default_pool = "e2e-default-pool"
+    with contextlib.suppress(client.ApiException):  # 409: already there
+        cpl.create_cluster_object(api_client, "gpupools", {
+            "apiVersion": f"{cpl.TF_GROUP}/{cpl.TF_VERSION}", "kind": "GPUPool",
+            "metadata": {"name": default_pool, "annotations": {cpl.DEFAULT_POOL_ANNOTATION: "true"}},
+            "spec": {},
+        })
+    cpl.wait_for_webhook_pool(api_client, default_pool)
+    yield WebhookServer(proc, port, cert_dir, default_pool)
+    # later fixtures' pods must not be refused by a webhook that is gone
+    with contextlib.suppress(Exception):
+        admission.delete_mutating_webhook_configuration(cpl.WEBHOOK_CONFIG_NAME)
+    proc.stop()
+    control_plane.registry.forget(proc)
+
+
+class ExtenderRunner:
+    """The one ``tf-extender serve`` on the session's extender port (the port kube-scheduler calls).
+
+    ``ensure(**flags)`` starts it, or restarts it when it runs with other flags; a flag ``expansion_delay=1``
+    becomes ``--expansion-delay 1``, ``True`` a bare flag. Tests that need particular flags ask for them;
+    the next test that wants the defaults gets a restart. ``kill()`` simulates a crash (SIGKILL),
+    ``restart()`` starts it again with the same flags."""
+
+    DEFAULT_FLAGS: dict[str, Any] = {"log_level": "debug"}
+
+    def __init__(self, cp: cpl.ControlPlane, port: int) -> None:
+        self.cp = cp
+        self.port = port
+        self.proc: cpl.ManagedProcess | None = None
+        self.flags: dict[str, Any] | None = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def argv(self, flags: dict[str, Any]) -> list[str]:
+        argv = [str(cpl.console_script("tf-extender")), "serve", "--kubeconfig", str(self.cp.kubeconfig),
+                "--port", str(self.port)]
+        for key, value in flags.items():
+            if value is False or value is None:
+                continue
+            argv.append("--" + key.replace("_", "-"))
+            if value is not True:
+                argv.append(str(value))
+        return argv
+
+    def ensure(self, **flags: Any) -> cpl.ManagedProcess:
+        wanted = {**self.DEFAULT_FLAGS, **flags}
+        if self.proc is not None and self.proc.alive() and wanted == self.flags:
+            return self.proc
+        self.stop()
+        return self._start(wanted)
+
+    def _start(self, flags: dict[str, Any], timeout: float = 60) -> cpl.ManagedProcess:
+        self.starts += 1
+        proc = self.cp.registry.start("tf-extender", self.argv(flags), self.cp.log_dir)
+        self.proc, self.flags = proc, flags
+        cpl.wait_until(lambda: cpl.http_ready(f"{self.url}/readyz", proc), timeout, interval=0.2,
+                       what="tf-extender /readyz")
+        return proc
+
+    def kill(self) -> None:
+        """SIGKILL, no shutdown: what a crash or an OOM kill looks like to the scheduler."""
+        proc = self.proc
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.proc.wait(10)
+        proc.stop()  # closes the log
+        self.cp.registry.forget(proc)
+
+    def restart(self) -> cpl.ManagedProcess:
+        flags = dict(self.flags or self.DEFAULT_FLAGS)
+        self.stop()
+        return self._start(flags)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+            self.cp.registry.forget(self.proc)
+        self.proc = None
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """The value of one sample on the extender's /metrics page, or None when absent."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as r:
+            page = r.read().decode()
+        from prometheus_client.parser import text_string_to_metric_families
+
+        for family in text_string_to_metric_families(page):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    return sample.value
+        return None
+
+    def wait_node_allocated(self, node: str, vram_percent: float, timeout: float = 30) -> None:
+        """Until the extender's picture of ``node`` is its GPUs with ``vram_percent`` of their VRAM allocated:
+        the GPU objects and the pods holding them have reached its caches."""
+        cpl.wait_until(
+            lambda: self.metric("tf_extender_node_allocated_percent", node=node, resource="vram") is not None
+            and abs(self.metric("tf_extender_node_allocated_percent", node=node, resource="vram")
+                    - vram_percent) < 1e-6,
+            timeout, what=f"the extender to see {node} at {vram_percent}% VRAM allocated",
+        )
+
+
+@pytest.fixture(scope="session")
+def extender_runner(control_plane, extender_port) -> ExtenderRunner:
+    runner = ExtenderRunner(control_plane, extender_port)
+    yield runner
+    runner.stop()
+
+
+@pytest.fixture
+def extender(cluster, extender_runner) -> ExtenderRunner:
+    extender_runner.ensure()
+    return extender_runner
+
+
+@pytest.fixture
+def gpu_cluster(cluster, webhook, extender) -> cpl.ControlPlane:
+    return cluster
+
+
+@pytest.fixture
+def make_pool(api_client, webhook):
+    """make_pool(mode=None, name=None) -> the name of a new GPUPool; with ``mode``, the pool references a new
+    SchedulingConfigTemplate of that placement mode. Returns once the webhook admits pods of the pool."""
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(api_client)
+    created: list[tuple[str, str]] = []
+
+    def factory(mode: str | None = None, name: str | None = None) -> str:
+        name = name or f"pool-{uuid.uuid4().hex[:8]}"
+        spec: dict[str, Any] = {}
+        if mode:
+            template = f"{name}-placement"
+            cpl.create_cluster_object(api_client, "schedulingconfigtemplates", {
+                "apiVersion": f"{cpl.TF_GROUP}/{cpl.TF_VERSION}", "kind": "SchedulingConfigTemplate",
+                "metadata": {"name": template}, "spec": {"placement": {"mode": mode}},
+            })
+            created.append(("schedulingconfigtemplates", template))
+            spec["schedulingConfigTemplate"] = template
+        cpl.create_cluster_object(api_client, "gpupools", {
+            "apiVersion": f"{cpl.TF_GROUP}/{cpl.TF_VERSION}", "kind": "GPUPool",
+            "metadata": {"name": name}, "spec": spec,
+        })
+        created.append(("gpupools", name))
+        cpl.wait_for_webhook_pool(api_client, name)
+        return name
+
+    yield factory
+    for plural, name in reversed(created):
+        with contextlib.suppress(Exception):  # best effort
+            custom.delete_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, plural, name)

@@ -924,3 +924,179 @@ def b64(path: Path) -> str:
 
 def which(name: str) -> str | None:
     return shutil.which(name)
+
+
+# ------------------------------------------------------------------- webhook, extender, GPU pods
+
+ENABLED_LABEL = "tensor-fusion.ai/enabled"
+WEBHOOK_CONFIG_NAME = "tensor-fusion-webhook"
+PROJECT_NAMESPACE = "tensor-fusion-system"
+DEFAULT_POOL_ANNOTATION = "tensor-fusion.ai/is-default-pool"
+GPU_IDS_ANNOTATION = "tensor-fusion.ai/gpu-ids"
+
+
+def console_script(name: str) -> Path:
+    """A console script of the installed project: next to the running interpreter (the venv), else PATH."""
+    import sys
+
+    here = Path(sys.executable).parent / name
+    if here.exists():
+        return here
+    found = shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"console script {name} is not installed (pip install -e .)")
+    return Path(found)
+
+
+def run_console_script(name: str, *args: str | Path, timeout: float = 60) -> str:
+    """Run one of the project's console scripts to completion; raise with its output when it fails."""
+    argv = [str(console_script(name)), *(str(a) for a in args)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc.stdout
+
+
+def webhook_configuration(url: str, source: Path = MANIFESTS / "webhook.yaml") -> dict:
+    """The shipped MutatingWebhookConfiguration with clientConfig pointed at ``url`` instead of the Service
+    (rules, selectors, failurePolicy ... unchanged). The caBundle is left to ``tf-certs patch-webhook``."""
+    docs = [d for d in load_yaml_docs(source) if d.get("kind") == "MutatingWebhookConfiguration"]
+    if len(docs) != 1:
+        raise ValueError(f"{source}: expected one MutatingWebhookConfiguration, found {len(docs)}")
+    cfg = docs[0]
+    for hook in cfg["webhooks"]:
+        hook["clientConfig"] = {"url": url}
+    return cfg
+
+
+def https_ready(url: str, ca_file: Path, proc: ManagedProcess | None = None) -> bool:
+    if proc is not None:
+        proc.check_alive()
+    ctx = ssl.create_default_context(cafile=str(ca_file))
+    with urllib.request.urlopen(url, timeout=2, context=ctx) as r:
+        return r.status == 200
+
+
+def http_ready(url: str, proc: ManagedProcess | None = None) -> bool:
+    if proc is not None:
+        proc.check_alive()
+    with urllib.request.urlopen(url, timeout=2) as r:
+        return r.status == 200
+
+
+def gpu_pod_body(
+    name: str,
+    pool: str | None = None,
+    tflops: str | None = None,
+    vram: str | None = None,
+    gpu_count: int | None = None,
+    model: str | None = None,
+    vendor: str | None = None,
+    isolation: str | None = None,
+    qos: str | None = None,
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    node_selector: dict[str, str] | None = None,
+    priority_class: str | None = None,
+) -> dict:
+    """A pod as a user writes it: opted in with tensor-fusion.ai/enabled=true and GPU annotations (request =
+    limit), no schedulerName: the webhook makes it canonical and hands it to the GPU scheduler."""
+    ann: dict[str, str] = {}
+    prefix = "tensor-fusion.ai/"
+    for key, value in (
+        ("gpupool", pool), ("tflops-request", tflops), ("tflops-limit", tflops), ("vram-request", vram),
+        ("vram-limit", vram), ("gpu-count", gpu_count), ("gpu-model", model), ("vendor", vendor),
+        ("isolation", isolation), ("qos", qos),
+    ):
+        if value is not None:
+            ann[prefix + key] = str(value)
+    ann.update(annotations or {})
+    spec: dict[str, Any] = {
+        "containers": [
+            {"name": "main", "image": "busybox", "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}
+        ],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {ENABLED_LABEL: "true", **(labels or {})}, "annotations": ann},
+        "spec": spec,
+    }
+
+
+def placed_pod_body(
+    name: str, pool: str, gpu_ids: Iterable[str], tflops: str, vram: str, priority_class: str | None = None
+) -> dict:
+    """A GPU pod that already holds GPUs (canonical annotations with gpu-ids, as the extender's bind leaves
+    them) and that no scheduler serves: the caller binds it by hand with bind_pod. It skips the webhook (not
+    opted in) but carries the worker label, so the extender counts it."""
+    ids = list(gpu_ids)
+    p = "tensor-fusion.ai/"
+    spec: dict[str, Any] = {
+        "schedulerName": "e2e-manual",
+        "containers": [{"name": "main", "image": "busybox"}],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {p + "component": "worker", p + "gpupool": pool},
+            "annotations": {
+                p + "gpupool": pool, p + "tflops-request": tflops, p + "tflops-limit": tflops,
+                p + "vram-request": vram, p + "vram-limit": vram, p + "gpu-count": str(len(ids)),
+                p + "isolation": "soft", p + "qos": "medium", GPU_IDS_ANNOTATION: ",".join(ids),
+            },
+        },
+        "spec": spec,
+    }
+
+
+def wait_for_webhook_pool(api_client, pool: str, timeout: float = 30) -> None:
+    """Until the webhook admits a pod of ``pool`` (its pool cache has caught up): a dry-run create."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+    body = gpu_pod_body("pool-probe", pool=pool, tflops="1", vram="1Gi")
+    wait_until(
+        lambda: core.create_namespaced_pod("default", body, dry_run="All"),
+        timeout,
+        interval=0.1,
+        what=f"the webhook to know GPUPool {pool}",
+    )
+
+
+def gpu_ids_of(pod: Any) -> list[str]:
+    """The GPUs the extender committed into a pod (V1Pod or dict)."""
+    ann = pod.metadata.annotations if hasattr(pod, "metadata") else pod["metadata"].get("annotations")
+    raw = (ann or {}).get(GPU_IDS_ANNOTATION) or ""
+    return [g for g in raw.split(",") if g]
+
+
+def create_pod(api_client, namespace: str, body: dict) -> Any:
+    from kubernetes import client
+
+    return client.CoreV1Api(api_client).create_namespaced_pod(namespace, body)
+
+
+def placement(api_client, namespace: str, name: str, timeout: float = 60) -> tuple[str, list[str]]:
+    """Wait until the pod is bound; returns (node, GPUs from its gpu-ids annotation)."""
+    pod = wait_for_pod_bound(api_client, namespace, name, timeout)
+    return pod.spec.node_name, gpu_ids_of(pod)
+
+
+def place_by_hand(
+    api_client, namespace: str, name: str, pool: str, node: str, gpus: Iterable[str], tflops: str, vram: str,
+    priority_class: str | None = None,
+) -> None:
+    """Pre-existing load: a pod holding ``tflops``/``vram`` on each of ``gpus``, bound to ``node`` by hand."""
+    create_pod(api_client, namespace, placed_pod_body(name, pool, gpus, tflops, vram, priority_class))
+    bind_pod(api_client, namespace, name, node)

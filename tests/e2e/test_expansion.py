@@ -7,9 +7,7 @@ the node's GPU agent would. The extender runs as ``tf-extender serve`` with shor
 
 from __future__ import annotations
 
-import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -37,36 +35,39 @@ NODE_CLASS = {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": "de
 # --- the extender --------------------------------------------------------------------------------
 
 
-def start_extender(cp: cpl.ControlPlane, port: int, lease_namespace: str, *, delay: float = 1.0,
-                   max_in_flight: int = 15) -> cpl.ManagedProcess:
-    argv = [
-        sys.executable, "-c", "import sys; from extender.cli import main; sys.exit(main())",
-        "serve", "--kubeconfig", str(cp.kubeconfig), "--port", str(port), "--log-level", "debug",
-        "--expansion-delay", str(delay), "--max-inflight-nodes", str(max_in_flight),
-        "--expansion-claim-timeout", "600", "--expansion-lease-namespace", lease_namespace,
-    ]
-    proc = cp.registry.start(f"tf-extender-{uuid.uuid4().hex[:6]}", argv, cp.log_dir)
+def extender_flags(lease_namespace: str, *, delay: float = 1.0, max_in_flight: int = 15) -> dict[str, Any]:
+    """``tf-extender serve`` flags for these tests: short expansion delays, a lease of their own."""
+    return {
+        "expansion_delay": delay, "max_inflight_nodes": max_in_flight, "expansion_claim_timeout": 600,
+        "expansion_lease_namespace": lease_namespace,
+    }
 
-    def ready() -> bool:
-        proc.check_alive()
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-            return r.status == 200
 
-    cpl.wait_until(ready, 60, interval=0.3, what="tf-extender /readyz")
-    return proc
+def ensure_pool(api_client: Any) -> None:
+    """The pods below are opted in, so they pass the webhook, which admits only pods of known pools."""
+    custom = client.CustomObjectsApi(api_client)
+    try:
+        custom.get_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "gpupools", POOL)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        cpl.create_cluster_object(api_client, "gpupools", {
+            "apiVersion": f"{cpl.TF_GROUP}/{cpl.TF_VERSION}", "kind": "GPUPool",
+            "metadata": {"name": POOL}, "spec": {}})
+    cpl.wait_for_webhook_pool(api_client, POOL)
 
 
 @pytest.fixture
-def run_extender(cluster, karpenter_crds, extender_port, namespace) -> Iterator[Callable[..., None]]:
-    procs: list[cpl.ManagedProcess] = []
+def run_extender(cluster, webhook, api_client, karpenter_crds, extender_runner,
+                 namespace) -> Iterator[Callable[..., None]]:
+    """run_extender(delay=..., max_in_flight=...): the session's one extender with these flags (restarted
+    only when they differ from its current ones; the next test wanting the defaults restarts it again)."""
+    ensure_pool(api_client)
 
     def run(**kw: Any) -> None:
-        procs.append(start_extender(cluster, extender_port, namespace, **kw))
+        extender_runner.ensure(**extender_flags(namespace, **kw))
 
     yield run
-    for proc in procs:
-        proc.stop()
-        cluster.registry.forget(proc)
 
 
 # --- Karpenter objects, and playing Karpenter ------------------------------------------------------

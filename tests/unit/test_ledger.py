@@ -72,6 +72,17 @@ def test_bound_pod_replaces_its_reservation_and_is_not_counted_twice() -> None:
     assert ledger.usage("g1").tflops == 10 * NANO
 
 
+def test_bound_record_replaces_an_equal_reservation() -> None:
+    # The watched pod's allocation equals the extender's own reservation: the ledger must hand out the
+    # bound record, so callers that check ``bound(uid) is allocation`` (preemption) see a bound pod.
+    ledger = ledger_with_gpus("g1")
+    ledger.reserve(alloc("a"))
+    bound = alloc("a")
+    ledger.bind(bound)
+    assert ledger.allocations_on("n1")[0] is bound is ledger.bound("a")
+    assert ledger.usage("g1").tflops == 10 * NANO
+
+
 def test_release_is_idempotent_and_ignores_stale_reservations() -> None:
     ledger = ledger_with_gpus("g1", "g2")
     first, second = alloc("a", ("g1",)), alloc("a", ("g2",))

@@ -116,3 +116,13 @@ def test_find_preemption_picks_fewest_victims_then_lowest_priority_then_name() -
     )
     assert state.find_preemption(pod("new", "60", 10)) == ("n3", [Victim("uid-one-low", "ml", "one-low", 4)])
     assert state.find_preemption(pod("low", "60", 0)) is None
+
+
+def test_pods_this_extender_bound_are_victims_too() -> None:
+    # The usual life of a victim: reserved by this extender's bind, then seen bound through the watch.
+    state = make()
+    for name in ("a", "b"):
+        unbound = pod(name, "45", 0)
+        state.reserve(unbound, "n")
+        state.apply(Kind.POD, "MODIFIED", pod(name, "45", 0, "n", "g"))
+    assert names(state.find_preemption(pod("new", "50", 10))[1]) == ["a"]

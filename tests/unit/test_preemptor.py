@@ -64,3 +64,45 @@ def test_only_pods_that_fit_nowhere_but_could_after_eviction_are_queued() -> Non
     assert not preemptor._pending
     preemptor.consider(vip, FilterOutcome([], {"n1": "busy"}, {}, None, True))
     assert list(preemptor._pending) == ["ml/vip"]
+
+
+async def test_no_further_victims_while_the_first_ones_are_still_terminating() -> None:
+    # Three pods of 30 on a 100 TFLOPS GPU; vip needs 50: two victims. Until both are gone (a terminating
+    # pod keeps its share), the scheduler's retries must not make the preemptor pick the third pod too.
+    state = ClusterState()
+    state.apply(Kind.POOL, "ADDED", {"metadata": {"name": POOL}, "spec": {}})
+    state.apply(Kind.GPU, "ADDED", gpu("g1", "n1"))
+
+    def victim(name: str) -> dict[str, Any]:
+        return prioritised(name, f"u-{name}", 1, tflops="30", node="n1", gpu_ids="g1", phase="Running")
+
+    for name in ("a", "b", "c"):
+        state.apply(Kind.POD, "ADDED", victim(name))
+    api, events = FakeApi(Pods()), Events()
+    preemptor = Preemptor(state, api, events)
+    vip = prioritised("vip", "u-vip", 1000, tflops="50")
+    assert await preemptor.preempt_for(vip) == ["ml/a", "ml/b"]
+    state.apply(Kind.POD, "DELETED", victim("a"))
+    terminating = victim("b")
+    terminating["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    state.apply(Kind.POD, "MODIFIED", terminating)
+    assert await preemptor.preempt_for(vip) == []  # a retry while "b" terminates
+    assert preemptor.filter_gate(vip) == "waiting for preempted GPU pods ml/b to terminate"
+    state.apply(Kind.POD, "DELETED", terminating)
+    assert await preemptor.preempt_for(vip) == []  # now it fits: nothing more to delete
+    assert preemptor.filter_gate(vip) is None
+    assert api.calls == [("delete", ("a", "u-a")), ("delete", ("b", "u-b"))]
+
+
+async def test_a_pod_placed_meanwhile_preempts_nobody() -> None:
+    # A filter call queued the pod before its victims were gone; by the time the queue gets to it, the
+    # scheduler has placed it. Its own share must not make the preemptor look for more victims.
+    state, api, _, preemptor = world()
+    state.apply(Kind.POD, "DELETED", prioritised("low", "u-low", 1, tflops="90", node="n1", gpu_ids="g1",
+                                                 phase="Running"))
+    state.apply(Kind.POD, "ADDED", prioritised("other", "u-other", 1, tflops="40", node="n1", gpu_ids="g1",
+                                               phase="Running"))
+    state.apply(Kind.POD, "ADDED", prioritised("vip", "u-vip", 1000, tflops="50", node="n1", gpu_ids="g1",
+                                               phase="Running"))
+    assert await preemptor.preempt_for(prioritised("vip", "u-vip", 1000, tflops="50")) == []
+    assert api.calls == []

@@ -64,7 +64,8 @@ class World:
         self.binder = Binder(self.state, self.pods, self.api, self.events, self.metrics, settle_grace=3600)
         self.preemptor = Preemptor(self.state, self.api, self.events, self.metrics)
         self.handlers = Handlers(self.state, self.binder, self.metrics, unsynced=lambda: self.unsynced,
-                                 observers=[self.preemptor.consider], deadline=0.5)
+                                 observers=[self.preemptor.consider], gate=self.preemptor.filter_gate,
+                                 deadline=0.5)
 
     def add_pod(self, pod: dict[str, Any]) -> None:
         self.pods.pods[(pod["metadata"]["namespace"], pod["metadata"]["name"])] = pod
@@ -181,6 +182,22 @@ async def test_filter_with_no_fit_queues_gpu_preemption(http: Any, world: World)
     await post(http, "filter", {"Pod": vip, "NodeNames": ["n1"]})
     assert list(world.preemptor._pending) == ["ml/vip"]
 
+
+
+async def test_filter_answers_an_error_while_preemption_makes_room(http: Any, world: World) -> None:
+    # "No node fits" would park the pod in the scheduler's unschedulable queue with nothing to wake it when
+    # the victims go; an error makes the scheduler retry with backoff.
+    low = wire_pod("low", "u-low", tflops="90", priority=1, node="n1", gpu_ids="g1")
+    world.add_pod(low)
+    vip = wire_pod("vip", "u-vip", tflops="50", priority=1000)
+    _, body = await post(http, "filter", {"Pod": vip, "NodeNames": ["n1"]})
+    assert body["Error"] == "preempting lower-priority GPU pods ml/low on node n1"
+    assert await world.preemptor.preempt_for(vip) == ["ml/low"]
+    _, body = await post(http, "filter", {"Pod": vip, "NodeNames": ["n1"]})
+    assert body["Error"] == "waiting for preempted GPU pods ml/low to terminate"
+    world.state.apply(Kind.POD, "DELETED", low)
+    _, body = await post(http, "filter", {"Pod": vip, "NodeNames": ["n1"]})
+    assert body["Error"] == "" and body["NodeNames"] == ["n1"]
 
 MALFORMED: list[tuple[str, bytes]] = [
     ("not json", b"{nope"),
