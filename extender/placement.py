@@ -5,7 +5,6 @@ Everything here is a pure function over ``Slot`` values (a device plus what is a
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -131,12 +130,6 @@ def node_order_value(mode: Mode, mean_used: float) -> float:
 def mean_load(slots: Iterable[Slot]) -> float:
     loads = [s.used for s in slots]
     return round(sum(loads) / len(loads), 9) if loads else 0.0
-
-
-def rank_scores(values: Iterable[float]) -> dict[float, int]:
-    """Score per ascending sort value: the best 10, the next distinct values 9, 8, ... down to 1."""
-    distinct = heapq.nsmallest(MAX_SCORE - MIN_FIT_SCORE + 1, set(values))
-    return {v: MAX_SCORE - rank for rank, v in enumerate(distinct)}
 
 
 def choose_gpus(fitting: Iterable[Slot], request: GPURequest, mode: Mode) -> tuple[str, ...]:

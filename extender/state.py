@@ -480,12 +480,17 @@ class ClusterState:
         fit_load = self._verdicts_for(parsed, node_names).fit_load
         fitting = list(map(fit_load.__getitem__, filter(fit_load.__contains__, node_names)))
         pick = heapq.nsmallest if lowest_first else heapq.nlargest
-        best = pick(_SCORE_LEVELS, fitting)
-        if len(set(best)) < len(best):  # equal loads share a score: rank the distinct values
-            best = pick(_SCORE_LEVELS, set(fitting))
-        score_of: dict[float | None, int] = {v: MAX_SCORE - rank for rank, v in enumerate(best)}
+        # The first choice (ties by name) alone gets 10; the other fitting nodes get 9 .. 1 by distinct
+        # load, so kube-scheduler never picks at random among nodes the mode ranks equal.
+        best = pick(_SCORE_LEVELS, set(fitting))
+        shift = 1 if best and fitting.count(best[0]) > 1 else 0  # nodes tied with the first choice get 9
+        best = best[: _SCORE_LEVELS - shift]
+        score_of: dict[float | None, int] = {v: MAX_SCORE - shift - rank for rank, v in enumerate(best)}
         score_of[None] = 0
-        scores = map(score_of.get, map(fit_load.get, node_names), repeat(MIN_FIT_SCORE))
+        scores = list(map(score_of.get, map(fit_load.get, node_names), repeat(MIN_FIT_SCORE)))
+        if best:
+            first = min(n for n in node_names if fit_load.get(n) == best[0])
+            scores[node_names.index(first)] = MAX_SCORE
         return list(zip(node_names, scores, strict=False))
 
     def rank(self, pod: dict[str, Any], node_names: Sequence[str]) -> list[str]:

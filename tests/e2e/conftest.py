@@ -44,7 +44,6 @@ import atexit
 import contextlib
 import os
 import signal
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -243,187 +242,22 @@ def make_gpu(api_client):
 # ------------------------------------------------------------------------------ webhook and extender
 
 
-class WebhookServer:
-    """``tf-webhook serve`` as a user runs it, registered with the API server."""
-
-    def __init__(self, proc: cpl.ManagedProcess, port: int, cert_dir: Path, default_pool: str) -> None:
-        self.proc = proc
-        self.port = port
-        self.cert_dir = cert_dir
-        self.ca_file = cert_dir / "ca.crt"
-        self.default_pool = default_pool
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
-
-
-def _create_or_replace(create, read, replace, body: dict) -> None:
-    from kubernetes.client.rest import ApiException
-
-    try:
-        create(body)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-        body["metadata"]["resourceVersion"] = read(body["metadata"]["name"]).metadata.resource_version
-        replace(body["metadata"]["name"], body)
+@pytest.fixture(scope="session")
+def webhook(control_plane, api_client) -> cpl.WebhookServer:
+    server = cpl.start_webhook(control_plane, api_client)
+    yield server
+    cpl.stop_webhook(control_plane, api_client, server)
 
 
 @pytest.fixture(scope="session")
-def webhook(control_plane, api_client) -> WebhookServer:
-    from kubernetes import client
-
-    cert_dir = control_plane.workdir / "webhook-certs"
-    cpl.run_console_script(
-        "tf-certs", "generate", "--out-dir", cert_dir, "--dns", "localhost", "--ip", "127.0.0.1"
-    )
-    port = cpl.free_port()
-    proc = control_plane.registry.start(
-        "tf-webhook",
-        [cpl.console_script("tf-webhook"), "serve", "--port", str(port), "--bind-address", "127.0.0.1",
-         "--cert-dir", str(cert_dir), "--kubeconfig", str(control_plane.kubeconfig)],
-        control_plane.log_dir,
-    )
-    cpl.wait_until(
-        lambda: cpl.https_ready(f"https://127.0.0.1:{port}/readyz", cert_dir / "ca.crt", proc),
-        60, interval=0.3, what="tf-webhook /readyz",
-    )
-    core = client.CoreV1Api(api_client)
-    with contextlib.suppress(client.ApiException):  # 409: already there
-        core.create_namespace({"metadata": {"name": cpl.PROJECT_NAMESPACE}})
-    scheduling = client.SchedulingV1Api(api_client)
-    for doc in cpl.load_yaml_docs(cpl.MANIFESTS / "priorityclasses.yaml"):
-        with contextlib.suppress(client.ApiException):  # 409: already there (value is immutable)
-            scheduling.create_priority_class(doc)
-    admission = client.AdmissionregistrationV1Api(api_client)
-    _create_or_replace(
-        admission.create_mutating_webhook_configuration,
-        admission.read_mutating_webhook_configuration,
-        admission.replace_mutating_webhook_configuration,
-        cpl.webhook_configuration(f"https://127.0.0.1:{port}/mutate"),
-    )
-    cpl.run_console_script(
-        "tf-certs", "patch-webhook", "--name", cpl.WEBHOOK_CONFIG_NAME, "--ca-file", cert_dir / "ca.crt",
-        "--kubeconfig", control_plane.kubeconfig,
-    )
-    default_pool = "e2e-default-pool"
-    with contextlib.suppress(client.ApiException):  # 409: already there
-        cpl.create_cluster_object(api_client, "gpupools", {
-            "apiVersion": f"{cpl.TF_GROUP}/{cpl.TF_VERSION}", "kind": "GPUPool",
-            "metadata": {"name": default_pool, "annotations": {cpl.DEFAULT_POOL_ANNOTATION: "true"}},
-            "spec": {},
-        })
-    cpl.wait_for_webhook_pool(api_client, default_pool)
-    yield WebhookServer(proc, port, cert_dir, default_pool)
-    # later fixtures' pods must not be refused by a webhook that is gone
-    with contextlib.suppress(Exception):
-        admission.delete_mutating_webhook_configuration(cpl.WEBHOOK_CONFIG_NAME)
-    proc.stop()
-    control_plane.registry.forget(proc)
-
-
-class ExtenderRunner:
-    """The one ``tf-extender serve`` on the session's extender port (the port kube-scheduler calls).
-
-    ``ensure(**flags)`` starts it, or restarts it when it runs with other flags; a flag ``expansion_delay=1``
-    becomes ``--expansion-delay 1``, ``True`` a bare flag. Tests that need particular flags ask for them;
-    the next test that wants the defaults gets a restart. ``kill()`` simulates a crash (SIGKILL),
-    ``restart()`` starts it again with the same flags."""
-
-    DEFAULT_FLAGS: dict[str, Any] = {"log_level": "debug"}
-
-    def __init__(self, cp: cpl.ControlPlane, port: int) -> None:
-        self.cp = cp
-        self.port = port
-        self.proc: cpl.ManagedProcess | None = None
-        self.flags: dict[str, Any] | None = None
-        self.starts = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def argv(self, flags: dict[str, Any]) -> list[str]:
-        argv = [str(cpl.console_script("tf-extender")), "serve", "--kubeconfig", str(self.cp.kubeconfig),
-                "--port", str(self.port)]
-        for key, value in flags.items():
-            if value is False or value is None:
-                continue
-            argv.append("--" + key.replace("_", "-"))
-            if value is not True:
-                argv.append(str(value))
-        return argv
-
-    def ensure(self, **flags: Any) -> cpl.ManagedProcess:
-        wanted = {**self.DEFAULT_FLAGS, **flags}
-        if self.proc is not None and self.proc.alive() and wanted == self.flags:
-            return self.proc
-        self.stop()
-        return self._start(wanted)
-
-    def _start(self, flags: dict[str, Any], timeout: float = 60) -> cpl.ManagedProcess:
-        self.starts += 1
-        proc = self.cp.registry.start("tf-extender", self.argv(flags), self.cp.log_dir)
-        self.proc, self.flags = proc, flags
-        cpl.wait_until(lambda: cpl.http_ready(f"{self.url}/readyz", proc), timeout, interval=0.2,
-                       what="tf-extender /readyz")
-        return proc
-
-    def kill(self) -> None:
-        """SIGKILL, no shutdown: what a crash or an OOM kill looks like to the scheduler."""
-        proc = self.proc
-        if proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.proc.wait(10)
-        proc.stop()  # closes the log
-        self.cp.registry.forget(proc)
-
-    def restart(self) -> cpl.ManagedProcess:
-        flags = dict(self.flags or self.DEFAULT_FLAGS)
-        self.stop()
-        return self._start(flags)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.stop()
-            self.cp.registry.forget(self.proc)
-        self.proc = None
-
-    def metric(self, name: str, **labels: str) -> float | None:
-        """The value of one sample on the extender's /metrics page, or None when absent."""
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as r:
-            page = r.read().decode()
-        from prometheus_client.parser import text_string_to_metric_families
-
-        for family in text_string_to_metric_families(page):
-            for sample in family.samples:
-                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                    return sample.value
-        return None
-
-    def wait_node_allocated(self, node: str, vram_percent: float, timeout: float = 30) -> None:
-        """Until the extender's picture of ``node`` is its GPUs with ``vram_percent`` of their VRAM allocated:
-        the GPU objects and the pods holding them have reached its caches."""
-        cpl.wait_until(
-            lambda: self.metric("tf_extender_node_allocated_percent", node=node, resource="vram") is not None
-            and abs(self.metric("tf_extender_node_allocated_percent", node=node, resource="vram")
-                    - vram_percent) < 1e-6,
-            timeout, what=f"the extender to see {node} at {vram_percent}% VRAM allocated",
-        )
-
-
-@pytest.fixture(scope="session")
-def extender_runner(control_plane, extender_port) -> ExtenderRunner:
-    runner = ExtenderRunner(control_plane, extender_port)
+def extender_runner(control_plane, extender_port) -> cpl.ExtenderRunner:
+    runner = cpl.ExtenderRunner(control_plane, extender_port)
     yield runner
     runner.stop()
 
 
 @pytest.fixture
-def extender(cluster, extender_runner) -> ExtenderRunner:
+def extender(cluster, extender_runner) -> cpl.ExtenderRunner:
     extender_runner.ensure()
     return extender_runner
 

@@ -18,7 +18,6 @@ from extender.placement import (
     evaluate,
     load,
     mean_load,
-    rank_scores,
 )
 
 GIB = 1 << 30
@@ -106,19 +105,6 @@ def test_gpu_choice_inside_the_node_follows_the_mode(mode: Mode, expected: tuple
 
 def test_gpu_ties_break_by_name() -> None:
     assert choose_gpus([slot("b"), slot("a"), slot("c")], req(count=2), Mode.LOW_LOAD_FIRST) == ("a", "b")
-
-
-@pytest.mark.parametrize(
-    ("values", "expected"),
-    [
-        ([1.0], {1.0: 10}),
-        ([3.0, 1.0, 2.0], {1.0: 10, 2.0: 9, 3.0: 8}),
-        ([2.0, 2.0, 1.0], {1.0: 10, 2.0: 9}),
-        ([float(i) for i in range(15)], {float(i): 10 - i for i in range(10)}),
-    ],
-)
-def test_rank_scores_give_the_first_choice_ten(values: list[float], expected: dict[float, int]) -> None:
-    assert rank_scores(values) == expected
 
 
 def verdict_of(slots: list[Slot], request: GPURequest, pods: int = 0, max_pods: int = 256) -> tuple[Fit, str]:

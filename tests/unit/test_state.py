@@ -153,7 +153,7 @@ def test_pool_without_template_uses_node_compact_gpu_low_load_and_override_wins(
     assert state.rank(pod("new"), ["n1", "n2", "n3"]) == ["n3", "n2", "n1"]
 
 
-def test_prioritize_keeps_order_gives_non_fitting_zero_and_equal_loads_equal_scores() -> None:
+def test_prioritize_gives_the_first_choice_by_name_ten_and_non_fitting_zero() -> None:
     state = make(
         gpu("a", "a"),
         gpu("b", "b"),
@@ -161,14 +161,24 @@ def test_prioritize_keeps_order_gives_non_fitting_zero_and_equal_loads_equal_sco
         gpu("full", "full"),
         bound("f", "full", "full", "100", "40Gi"),
     )
+    # a, b and c are equally empty: "a" wins the tie by name alone, the others share the next score
     assert state.prioritize(pod("new"), ["c", "full", "a", "ghost", "b"]) == [
-        ("c", 10),
+        ("c", 9),
         ("full", 0),
         ("a", 10),
         ("ghost", 0),
-        ("b", 10),
+        ("b", 9),
     ]
     assert state.rank(pod("new"), ["c", "full", "a", "b"]) == ["a", "b", "c"]
+
+
+def test_prioritize_keeps_a_unique_ten_when_the_first_choice_is_tied_and_keeps_the_order() -> None:
+    # NodeCompactGPULowLoad: fullest node first. c and d are equally full, a and b empty.
+    state = make(
+        gpu("a", "a"), gpu("b", "b"), gpu("c", "c"), gpu("d", "d"),
+        bound("on-c", "c", "c", "50", "20Gi"), bound("on-d", "d", "d", "50", "20Gi"),
+    )
+    assert dict(state.prioritize(pod("new"), ["d", "b", "c", "a"])) == {"c": 10, "d": 9, "a": 8, "b": 8}
 
 
 def test_filter_sorts_nodes_into_fits_failed_and_unresolvable() -> None:
