@@ -1,0 +1,41 @@
+"""The webhook benchmark's baseline: a bare aiohttp handler over TLS that answers every POST with the
+request's own AdmissionReview body, unchanged. Whatever the real webhook costs on top of this is its own
+work (parsing, mutation, patch, logging, metrics).
+
+    python -m bench.bare_admission --port 9443 --cert tls.crt --key tls.key
+"""
+
+from __future__ import annotations
+
+import argparse
+import ssl
+
+from aiohttp import web
+
+
+async def echo(request: web.Request) -> web.Response:
+    body = await request.read()
+    return web.Response(body=body, content_type="application/json")
+
+
+def make_app() -> web.Application:
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", echo)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--cert", required=True)
+    parser.add_argument("--key", required=True)
+    args = parser.parse_args(argv)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(args.cert, args.key)
+    web.run_app(make_app(), host=args.host, port=args.port, ssl_context=ctx, access_log=None,
+                print=None)
+
+
+if __name__ == "__main__":
+    main()
