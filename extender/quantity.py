@@ -7,6 +7,7 @@ shares never drift; the canonical form follows the API server's rules
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -47,6 +48,8 @@ class Quantity:
         return format_quantity(self.value, self.format)
 
 
+# Pods repeat the same few quantity strings; Fraction arithmetic is the costly part of admission.
+@functools.lru_cache(maxsize=4096)
 def parse_quantity(text: str) -> Quantity:
     """Parse ``text`` as a Kubernetes quantity, raising ``QuantityError`` when it is not one."""
     match = _QUANTITY.match(text.strip()) if isinstance(text, str) else None
@@ -70,6 +73,7 @@ def canonical_quantity(text: str) -> str:
     return parse_quantity(text).canonical()
 
 
+@functools.lru_cache(maxsize=4096)
 def format_quantity(value: Fraction | int, fmt: Format = Format.DECIMAL_SI) -> str:
     """Render ``value`` the way the API server would store it."""
     value = _round_up_to_nano(Fraction(value))

@@ -7,7 +7,7 @@ pools, profiles, templates and owners come from a ``ClusterView``.
 
 from __future__ import annotations
 
-import copy
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,7 +130,7 @@ def _shape_problem(pod: KubeObject) -> str | None:
 
 def _mutated(pod: KubeObject, view: ClusterView, namespace: str, scheduler_name: str,
              index: int) -> tuple[KubeObject, GPURequest]:
-    new = copy.deepcopy(pod)
+    new = json.loads(json.dumps(pod))  # a deep copy; several times faster than copy.deepcopy for JSON
     metadata = new["metadata"]
     spec = new["spec"]
     annotations: dict[str, Any] = dict(metadata.get("annotations") or {})

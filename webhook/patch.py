@@ -17,33 +17,36 @@ def escape_pointer_token(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
-def pointer(*tokens: str | int) -> str:
-    return "".join("/" + escape_pointer_token(str(token)) for token in tokens)
-
-
 def diff(before: Any, after: Any) -> list[PatchOp]:
     """Operations that turn ``before`` into ``after``."""
     ops: list[PatchOp] = []
-    _diff(before, after, (), ops)
+    _diff(before, after, "", ops)
     return ops
 
 
-def _diff(before: Any, after: Any, path: tuple[str | int, ...], ops: list[PatchOp]) -> None:
+def _diff(before: Any, after: Any, path: str, ops: list[PatchOp]) -> None:
+    # ``path`` is the escaped JSON pointer so far. Equal containers are skipped with one C-level
+    # comparison: a mutation touches a handful of fields of a large pod.
     if isinstance(before, dict) and isinstance(after, dict):
+        if before == after:
+            return
         for key in before:
             if key not in after:
-                ops.append({"op": "remove", "path": pointer(*path, key)})
+                ops.append({"op": "remove", "path": f"{path}/{escape_pointer_token(key)}"})
         for key, value in after.items():
+            child = f"{path}/{escape_pointer_token(key)}"
             if key not in before:
-                ops.append({"op": "add", "path": pointer(*path, key), "value": value})
+                ops.append({"op": "add", "path": child, "value": value})
             else:
-                _diff(before[key], value, (*path, key), ops)
+                _diff(before[key], value, child, ops)
         return
     if isinstance(before, list) and isinstance(after, list) and len(after) >= len(before):
+        if before == after:
+            return
         for position, value in enumerate(before):
-            _diff(value, after[position], (*path, position), ops)
+            _diff(value, after[position], f"{path}/{position}", ops)
         for position in range(len(before), len(after)):
-            ops.append({"op": "add", "path": pointer(*path, position), "value": after[position]})
+            ops.append({"op": "add", "path": f"{path}/{position}", "value": after[position]})
         return
     if before != after or type(before) is not type(after):
-        ops.append({"op": "replace", "path": pointer(*path), "value": after})
+        ops.append({"op": "replace", "path": path, "value": after})
