@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -80,8 +81,12 @@ class Metrics:
         self._refresh: Callable[[], None] | None = None
 
     def count_rejections(self, messages: Iterable[str]) -> None:
-        for message in messages:
-            self.filter_rejections.labels(reason_class(message)).inc()
+        # Thousands of nodes share a handful of messages: classify each distinct one once.
+        per_class: collections.Counter[str] = collections.Counter()
+        for message, count in collections.Counter(messages).items():
+            per_class[reason_class(message)] += count
+        for reason, count in per_class.items():
+            self.filter_rejections.labels(reason).inc(count)
 
     def set_utilisation(self, nodes: Iterable[NodeUse], pools: Iterable[PoolUse],
                         partially_used: int) -> None:

@@ -7,6 +7,7 @@ plain API JSON dicts. Optional Go pointers and maps may arrive as ``null``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -69,6 +70,12 @@ class ExtenderFilterResult(_Wire):
 class HostPriority(_Wire):
     host: str = Field(alias="Host")
     score: int = Field(alias="Score")
+
+
+def host_priority_list(scores: Iterable[tuple[str, int]]) -> list[dict[str, Any]]:
+    """The HostPriorityList wire form of ``scores``, built directly: a model per node would cost
+    about 25 ms for 5,000 nodes."""
+    return [{"Host": host, "Score": score} for host, score in scores]
 
 
 class ExtenderBindingArgs(_Wire):

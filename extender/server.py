@@ -24,11 +24,11 @@ from extender.protocol import (
     ExtenderBindingResult,
     ExtenderPreemptionArgs,
     ExtenderPreemptionResult,
-    HostPriority,
     MetaPod,
     MetaVictims,
     filter_error,
     filter_result,
+    host_priority_list,
 )
 from extender.state import ClusterState, FilterOutcome
 
@@ -126,7 +126,7 @@ class Handlers:
             if (problem := self._not_ready()) is not None:
                 return _json({"error": problem}, status=503), "not_ready"
             scores = self.state.prioritize(args.pod, args.candidate_names())
-            return _json([HostPriority(host=h, score=s).wire() for h, s in scores]), "ok"
+            return _json(host_priority_list(scores)), "ok"
 
         return await self._timed("prioritize", handle)
 

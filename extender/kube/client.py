@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from kubernetes import client, config
 
@@ -20,7 +20,10 @@ ApiException = client.ApiException
 T = TypeVar("T")
 
 # Bounded so a burst of API calls cannot exhaust threads; long-lived watches use their own threads.
-_EXECUTOR = ThreadPoolExecutor(max_workers=16, thread_name_prefix="kube-api")
+# Sized for a burst of binds (two API calls each) beside the long-lived watches; the connection pool
+# matches, so a busy extender does not discard connections and reopen them over TLS.
+_EXECUTOR = ThreadPoolExecutor(max_workers=32, thread_name_prefix="kube-api")
+CONNECTION_POOL_SIZE = 64
 
 DEFAULT_TIMEOUT = (5.0, 30.0)  # connect, read
 
@@ -32,17 +35,19 @@ class KubeConfigError(RuntimeError):
 def load_api_client(kubeconfig: str | None) -> client.ApiClient:
     """A client from ``kubeconfig``; when None, the in-cluster service account inside a pod, else the
     default kubeconfig."""
+    configuration = client.Configuration()
     try:
         if kubeconfig:
-            return cast(client.ApiClient, _untyped(config.new_client_from_config, config_file=kubeconfig))
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            configuration = client.Configuration()
+            _untyped(config.load_kube_config, config_file=kubeconfig, client_configuration=configuration)
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
             _untyped(config.load_incluster_config, client_configuration=configuration)
-            return client.ApiClient(configuration)
-        return cast(client.ApiClient, _untyped(config.new_client_from_config))
+        else:
+            _untyped(config.load_kube_config, client_configuration=configuration)
     except (config.ConfigException, OSError, ValueError) as exc:
         source = kubeconfig or "in-cluster config or default kubeconfig"
         raise KubeConfigError(f"cannot load Kubernetes configuration ({source}): {exc}") from exc
+    configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE
+    return client.ApiClient(configuration)
 
 
 async def api_call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -78,3 +78,9 @@ def test_filter_result_keeps_only_and_all_fitting_nodes_in_both_modes(names: lis
     assert by_nodes.nodes is not None
     assert {n["metadata"]["name"] for n in by_nodes.nodes.items or []} == set(fits)
     json.dumps(by_nodes.wire())
+
+
+def test_host_priority_list_is_the_wire_form_of_host_priority() -> None:
+    scores = [("n1", 10), ("n2", 0)]
+    assert p.host_priority_list(scores) == [p.HostPriority(host=h, score=s).wire() for h, s in scores]
+    assert p.host_priority_list(scores) == [{"Host": "n1", "Score": 10}, {"Host": "n2", "Score": 0}]
