@@ -21,6 +21,8 @@ if str(REPO_ROOT) not in sys.path:
 
 from tests.e2e import controlplane as cpl
 
+__all__ = ["BenchCluster", "cpl", "create_cluster_scoped", "ensure_namespace", "parallel"]
+
 _cleanup_installed = False
 
 
@@ -77,6 +79,8 @@ class BenchCluster:
             self.api.close()
             self.api = None
         cpl.PROCESSES.stop_all()
+        # keep the logs for reading, drop etcd's data (a GB after the full e2e run)
+        shutil.rmtree(self.workdir / "etcd-data", ignore_errors=True)
 
     def __enter__(self) -> BenchCluster:
         return self.start()

@@ -460,10 +460,10 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(rss_child(args.rss_child)))
         return
     result = run(quick_mode(args.quick))
-    for t in result.tables:
-        print(t.markdown())
-    for t in result.targets:
-        print(t.row())
+    for table in result.tables:
+        print(table.markdown())
+    for target in result.targets:
+        print(target.row())
 
 
 if __name__ == "__main__":
