@@ -23,15 +23,20 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the kube-scheduler HTTP extender")
-    serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--bind-address", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080,
+                       help="port of the verbs, /healthz, /readyz and /metrics")
+    serve.add_argument("--bind-address", default="127.0.0.1",
+                       help="listen address (default loopback: a sidecar of kube-scheduler)")
     serve.add_argument("--prefix", default="/scheduler", help="URL prefix of the verbs (default /scheduler)")
     serve.add_argument("--kubeconfig", default=None,
                        help="kubeconfig file (default: in-cluster service account, else ~/.kube/config)")
     serve.add_argument("--cert-dir", default=None, help="serve HTTPS with tls.crt/tls.key from this folder")
     serve.add_argument("--inventory-source", default=InventorySource.AUTO.value,
-                       choices=[s.value for s in InventorySource])
-    serve.add_argument("--max-pods-per-node", type=_positive, default=256)
+                       choices=[s.value for s in InventorySource],
+                       help="GPUs from TensorFusion GPU objects, from GPU Feature Discovery node labels, or "
+                            "auto: GPU objects where a node has them, labels elsewhere (default auto)")
+    serve.add_argument("--max-pods-per-node", type=_positive, default=256,
+                       help="at most this many GPU pods per node (default 256)")
     serve.add_argument("--no-preemptor", action="store_true",
                        help="do not delete lower-priority GPU pods for pods that fit nowhere")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
