@@ -127,6 +127,7 @@ class GPUView:
     used_tflops: Fraction
     used_vram: int
     used_percent: float  # 0.7*VRAM% + 0.3*TFLOPS%
+    device: GPUDevice  # the inventory record behind the view
 
 
 @dataclass(frozen=True)
@@ -608,6 +609,7 @@ class ClusterState:
                 vendor=s.device.vendor, index=s.device.index, phase=s.device.phase,
                 capacity_tflops=tflops_of(s.device.capacity_tflops), capacity_vram=s.device.capacity_vram,
                 used_tflops=tflops_of(s.used_tflops), used_vram=s.used_vram, used_percent=s.used,
+                device=s.device,
             )
             for s in self._slots(node)
         ]

@@ -3,10 +3,11 @@ nodes of in-flight claims (pure). The per-GPU arithmetic is placement's (``fitti
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 
 from extender.contract import GPURequest
-from extender.inventory import GPUDevice, nano_tflops_floor
+from extender.inventory import GPUDevice
 from extender.placement import Slot, fitting_slots, share_on
 from extender.state import GPUView
 
@@ -15,11 +16,7 @@ def device_of(view: GPUView | GPUDevice) -> GPUDevice:
     """The device behind a state view; a copied node's GPUs are new, so they count as Running."""
     if isinstance(view, GPUDevice):
         return view
-    return GPUDevice(
-        name=view.name, node=view.node, pool=view.pool, model=view.model, vendor=view.vendor,
-        index=view.index, phase="Running", used_by="", isolation_mode="soft",
-        capacity_tflops=nano_tflops_floor(view.capacity_tflops), capacity_vram=view.capacity_vram,
-    )
+    return dataclasses.replace(view.device, phase="Running", used_by="", isolation_mode="soft")
 
 
 def empty_copy(devices: Iterable[GPUDevice]) -> list[Slot]:

@@ -64,11 +64,15 @@ def test_empty_copy_fit(case: str, req: GPURequest, fits: bool) -> None:
 def test_state_views_become_devices() -> None:
     from fractions import Fraction
 
-    view = GPUView(name="g", node="n", pool="pool-a", model="A100", vendor="NVIDIA", index=0, phase="Running",
+    record = GPUDevice(name="g", node="n", pool="pool-a", model="A100", vendor="NVIDIA", index=0,
+                       phase="Pending", used_by="someone-else", isolation_mode="hard",
+                       capacity_tflops=312 * NANO, capacity_vram=80 * Gi)
+    view = GPUView(name="g", node="n", pool="pool-a", model="A100", vendor="NVIDIA", index=0, phase="Pending",
                    capacity_tflops=Fraction(312), capacity_vram=80 * Gi, used_tflops=Fraction(300),
-                   used_vram=80 * Gi, used_percent=99.0)
+                   used_vram=80 * Gi, used_percent=99.0, device=record)
     device = device_of(view)
     assert device.capacity_tflops == 312 * NANO and device.capacity_vram == 80 * Gi
+    assert (device.phase, device.used_by) == ("Running", "")  # a new node's GPU is free for tensor-fusion
     assert empty_copy_fits([device], request(vram_request="80Gi"))  # empty copy: usage is not copied
 
 
