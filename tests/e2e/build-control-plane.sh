@@ -5,7 +5,11 @@
 #   etcd            go.etcd.io/etcd/server/v3            ($ETCD_VERSION)
 #   kube-apiserver  k8s.io/kubernetes/cmd/kube-apiserver ($K8S_VERSION)
 #   kube-scheduler  k8s.io/kubernetes/cmd/kube-scheduler ($K8S_VERSION)
+#   kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager ($K8S_VERSION)
 #   kwok            sigs.k8s.io/kwok/cmd/kwok            ($KWOK_VERSION)
+#   karpenter       sigs.k8s.io/karpenter/kwok            ($KARPENTER_VERSION; Karpenter with its KWOK provider)
+#   karpenter CRDs  sigs.k8s.io/karpenter pkg/apis/crds + kwok/apis/crds, copied beside the binary (crds/)
+#   helm            helm.sh/helm/v3/cmd/helm              ($HELM_VERSION)
 #
 # Binaries land in ${TF_CACHE_DIR:-$HOME/.cache/tensor-fusion-extender}/bin/<component>-<version>/<component>
 # and are reused on rerun ("cached: ..."). The Go module cache stays in the default GOPATH so rebuilds
@@ -27,6 +31,9 @@ set -euo pipefail
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 K8S_VERSION="${K8S_VERSION:-v1.36.3}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
+# v1.13.0 is the newest Karpenter that builds with Go 1.26 (v1.14+ asks for a newer toolchain).
+KARPENTER_VERSION="${KARPENTER_VERSION:-v1.13.0}"
+HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 CACHE_DIR="${TF_CACHE_DIR:-$HOME/.cache/tensor-fusion-extender}"
 BIN_DIR="$CACHE_DIR/bin"
 GO_PARALLEL="${GO_PARALLEL:-2}"
@@ -78,7 +85,7 @@ build_etcd() {
   log "etcd done in $((SECONDS - t0))s"
 }
 
-# k8s wrapper module shared by kube-apiserver and kube-scheduler
+# k8s wrapper module shared by kube-apiserver, kube-scheduler and kube-controller-manager
 prepare_k8s_wrapper() {
   local w="$WORK_ROOT/k8s"
   [[ -f "$w/.ready" ]] && { echo "$w"; return 0; }
@@ -109,6 +116,7 @@ package tools
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 )
 GO
     log "resolving dependencies (go mod tidy)"
@@ -172,14 +180,66 @@ build_kwok() {
   fi
 }
 
+# Karpenter with its KWOK cloud provider, and the CRDs of the very same module version (the e2e suite and
+# the demo install these; nothing is copied into the repository).
+build_karpenter() {
+  local w="$WORK_ROOT/karpenter" dir="$BIN_DIR/karpenter-$KARPENTER_VERSION"
+  if ! is_cached karpenter "$KARPENTER_VERSION"; then
+    local t0=$SECONDS
+    log "building karpenter $KARPENTER_VERSION (sigs.k8s.io/karpenter/kwok)"
+    mkdir -p "$w" && cd "$w"
+    go mod init tf-wrapper-karpenter >/dev/null 2>&1
+    go get "sigs.k8s.io/karpenter@$KARPENTER_VERSION"
+    go build -p "$GO_PARALLEL" -trimpath -ldflags "-s -w" -o "$w/karpenter" sigs.k8s.io/karpenter/kwok
+    install_bin "$w/karpenter" karpenter "$KARPENTER_VERSION"
+    log "karpenter done in $((SECONDS - t0))s"
+  fi
+  karpenter_crds
+}
+
+# karpenter_crds: Karpenter's CRDs (NodePool, NodeClaim, NodeOverlay, KWOKNodeClass) from the module zip
+karpenter_crds() {
+  local dir="$BIN_DIR/karpenter-$KARPENTER_VERSION/crds"
+  if [[ -s "$dir/karpenter.sh_nodeclaims.yaml" ]]; then
+    log "cached: karpenter CRDs $dir"
+    return 0
+  fi
+  local src
+  src="$(cd "$WORK_ROOT" && go mod download -json "sigs.k8s.io/karpenter@$KARPENTER_VERSION" \
+          | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+  [[ -d "$src/pkg/apis/crds" ]] || { log "no pkg/apis/crds in sigs.k8s.io/karpenter@$KARPENTER_VERSION"; exit 1; }
+  mkdir -p "$dir.tmp.$$"
+  cp "$src"/pkg/apis/crds/*.yaml "$src"/kwok/apis/crds/*.yaml "$dir.tmp.$$/"
+  chmod -R u+w "$dir.tmp.$$"
+  rm -rf "$dir" && mv "$dir.tmp.$$" "$dir"
+  log "wrote karpenter CRDs: $dir ($(ls "$dir" | wc -l) files)"
+}
+
+build_helm() {
+  is_cached helm "$HELM_VERSION" && return 0
+  local t0=$SECONDS w="$WORK_ROOT/helm"
+  log "building helm $HELM_VERSION (helm.sh/helm/v3/cmd/helm)"
+  mkdir -p "$w" && cd "$w"
+  go mod init tf-wrapper-helm >/dev/null 2>&1
+  go get "helm.sh/helm/v3@$HELM_VERSION"
+  go build -p "$GO_PARALLEL" -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+    -o "$w/helm" helm.sh/helm/v3/cmd/helm
+  install_bin "$w/helm" helm "$HELM_VERSION"
+  log "helm done in $((SECONDS - t0))s"
+}
+
 components=("$@")
-[[ ${#components[@]} -gt 0 ]] || components=(etcd kube-apiserver kube-scheduler kwok)
+[[ ${#components[@]} -gt 0 ]] || components=(etcd kube-apiserver kube-scheduler kube-controller-manager kwok karpenter helm)
 T0=$SECONDS
 for c in "${components[@]}"; do
   case "$c" in
     etcd) build_etcd ;;
-    kube-apiserver|kube-scheduler) build_k8s "$c" ;;
+    kube-apiserver|kube-scheduler|kube-controller-manager) build_k8s "$c" ;;
     kwok) build_kwok ;;
+    karpenter) build_karpenter ;;
+    karpenter-crds) karpenter_crds ;;
+    helm) build_helm ;;
     *) log "unknown component: $c"; exit 2 ;;
   esac
 done
@@ -187,5 +247,9 @@ log "all done in $((SECONDS - T0))s; cache: $BIN_DIR"
 echo "export TF_BIN_ETCD=$(out_path etcd "$ETCD_VERSION")"
 echo "export TF_BIN_KUBE_APISERVER=$(out_path kube-apiserver "$K8S_VERSION")"
 echo "export TF_BIN_KUBE_SCHEDULER=$(out_path kube-scheduler "$K8S_VERSION")"
+echo "export TF_BIN_KUBE_CONTROLLER_MANAGER=$(out_path kube-controller-manager "$K8S_VERSION")"
+echo "export TF_BIN_KARPENTER=$(out_path karpenter "$KARPENTER_VERSION")"
+echo "export TF_BIN_KARPENTER_CRDS=$BIN_DIR/karpenter-$KARPENTER_VERSION/crds"
+echo "export TF_BIN_HELM=$(out_path helm "$HELM_VERSION")"
 echo "export TF_BIN_KWOK=$(out_path kwok "$KWOK_VERSION")"
 echo "export TF_BIN_KWOK_STAGES=$BIN_DIR/kwok-$KWOK_VERSION/stages.yaml"
