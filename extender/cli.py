@@ -40,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-preemptor", action="store_true",
                        help="do not delete lower-priority GPU pods for pods that fit nowhere")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--write-gpu-status", action="store_true",
+                       help="keep GPU status.available / status.runningApps and GPUPool status totals in "
+                            "step with the extender's ledger (off when another component owns them)")
+    serve.add_argument("--gpu-status-interval", type=float, default=1.0,
+                       help="seconds between status passes: at most one write per GPU per pass (default 1)")
     expansion_config.add_arguments(serve)
 
     simulate = commands.add_parser("simulate", help="place pods on a cluster snapshot, offline")
@@ -66,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(args: argparse.Namespace) -> int:
     from certs.authority import CertificateError
+    from extender.gpustatus import StatusSettings
     from extender.kube.client import KubeConfigError, load_api_client
     from extender.logs import setup_logging
     from extender.service import ExtenderService, Settings
@@ -80,6 +86,7 @@ def serve(args: argparse.Namespace) -> int:
         port=args.port, bind_address=args.bind_address, prefix=args.prefix, cert_dir=args.cert_dir,
         inventory=InventorySource(args.inventory_source), max_pods_per_node=args.max_pods_per_node,
         preemptor=not args.no_preemptor, expansion=expansion_config.from_args(args),
+        gpu_status=StatusSettings(interval=args.gpu_status_interval) if args.write_gpu_status else None,
     )
     try:
         asyncio.run(_run(ExtenderService(api_client, settings)))

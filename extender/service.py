@@ -29,6 +29,7 @@ from extender.binder import Binder
 from extender.contract import COMPONENT_LABEL, COMPONENT_WORKER
 from extender.expansion.config import ExpansionConfig
 from extender.expansion.kubeport import kube_expander
+from extender.gpustatus import GPUStatusWriter, KubeStatusApi, StatusSettings
 from extender.kube import resources
 from extender.kube.events import EventRecorder
 from extender.kube.informer import WatchCache
@@ -57,6 +58,7 @@ class Settings:
     deadline: float = DEFAULT_DEADLINE
     shutdown_timeout: float = 15.0
     expansion: ExpansionConfig = field(default_factory=ExpansionConfig)
+    gpu_status: StatusSettings | None = None  # --write-gpu-status
 
 
 def build_caches(api_client: client.ApiClient, state: ClusterState,
@@ -94,6 +96,10 @@ class ExtenderService:
                           if settings.preemptor else None)
         self.expander = (kube_expander(settings.expansion, api_client, self.state, self.recorder,
                                        self.metrics.registry) if settings.expansion.enabled else None)
+        self.status_writer = (GPUStatusWriter(
+            self.state, KubeStatusApi(api_client), gpus=self.caches.get("gpus") or _NoObjects(),
+            pools=self.caches["gpupools"], pods=self.caches["pods"], settings=settings.gpu_status,
+            registry=self.metrics.registry, ready=self._all_synced) if settings.gpu_status else None)
         all_observers = list(observers)
         if self.preemptor is not None:
             all_observers.append(self.preemptor.consider)
@@ -116,6 +122,9 @@ class ExtenderService:
         pools = [PoolUse(pool, f.tflops_percent, f.vram_percent) for pool, f in use.pools.items()]
         self.metrics.set_utilisation(nodes, pools, use.partially_used_gpus)
 
+    async def _all_synced(self) -> None:
+        await asyncio.gather(*(cache.synced.wait() for cache in self.caches.values()))
+
     async def _freeze_after_sync(self) -> None:
         # The first full sync allocates the bulk of the long-lived objects; moving them out of the
         # collector's generations keeps full collections (tens of ms at 40,000 GPUs) off the verbs' path.
@@ -135,6 +144,8 @@ class ExtenderService:
             tasks.append(asyncio.create_task(self.preemptor.run(), name="preemptor"))
         if self.expander is not None:
             tasks.append(asyncio.create_task(self.expander.run(), name="expander"))
+        if self.status_writer is not None:
+            tasks.append(asyncio.create_task(self.status_writer.run(), name="gpu-status"))
         tasks.append(asyncio.create_task(self._freeze_after_sync(), name="gc-freeze"))
         await self.recorder.start()
         ssl_context = None
@@ -165,3 +176,13 @@ class ExtenderService:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             await self.recorder.stop()
+
+
+class _NoObjects:
+    """No GPU objects are watched (--inventory-source node-labels): no GPU status to write."""
+
+    def get(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        return None
+
+    def list(self) -> list[dict[str, Any]]:
+        return []

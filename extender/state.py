@@ -614,6 +614,19 @@ class ClusterState:
             for s in self._slots(node)
         ]
 
+    def gpu_holders(self, gpu: str) -> list[Allocation]:
+        """The allocations holding a share of one GPU, by pod uid."""
+        return self._ledger.holders(gpu)
+
+    def changed_since(self, tick: int) -> tuple[set[str] | None, int]:
+        """The nodes whose GPUs or allocations changed after ``tick`` (None: too long ago to tell, so
+        treat every node as changed), and the current tick to ask from next time."""
+        if tick == self._tick:
+            return set(), tick
+        if tick < self._changes_base:
+            return None, self._tick
+        return set(self._changes[tick - self._changes_base:]), self._tick
+
     def allocations(self) -> list[Allocation]:
         """Every allocation that counts (bound pods, then reservations of binds in flight)."""
         return self._ledger.allocations()

@@ -202,6 +202,8 @@ def test_shipped_rbac_grants_what_the_components_need_and_no_more(api_client, dy
         ("create", "events", "", ""),
         ("list", "nodepools", "karpenter.sh", ""),
         ("create", "nodeclaims", "karpenter.sh", ""),
+        ("patch", "gpus", "tensor-fusion.ai", "status"),  # --write-gpu-status
+        ("patch", "gpupools", "tensor-fusion.ai", "status"),
     ]:
         assert can("tensor-fusion-scheduler", verb, res, group, ns="default", sub=sub)
     # the scheduler's own lease

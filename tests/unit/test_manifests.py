@@ -173,6 +173,8 @@ def test_rbac_is_least_privilege():
         ("tensor-fusion.ai", "gpus", "watch"),
         ("karpenter.sh", "nodeclaims", "create"),
         ("karpenter.sh", "nodepools", "list"),
+        ("tensor-fusion.ai", "gpus/status", "patch"),
+        ("tensor-fusion.ai", "gpupools/status", "patch"),
         ("", "events", "create"),
     ]:
         assert needed in granted
