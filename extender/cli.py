@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
         simulate.set_defaults(simulate_missing=True)
     else:
         add_simulate_arguments(simulate)
+
+    status = commands.add_parser("status", help="one screen on the GPU pools, read from the API server")
+    from extender.status_cmd import add_status_arguments
+
+    add_status_arguments(status)
     return parser
 
 
@@ -66,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         from extender.simulate import main_simulate
 
         return int(main_simulate(args))
+    if args.command == "status":
+        from extender.status_cmd import main_status
+
+        return main_status(args)
     return serve(args)
 
 

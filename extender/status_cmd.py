@@ -1,0 +1,233 @@
+"""``tf-extender status``: one screen on the GPU pools, read from the API server with the user's
+kubeconfig.
+
+Per pool: placement mode, provisioning mode, nodes, GPUs, allocated / free TFLOPS and VRAM, partially
+used GPUs, pending GPU pods with the scheduler's last word on them, and NodeClaims in flight. The
+figures come from the same ledger code the extender runs (``ClusterState`` fed the listed objects: a
+pod's ``tensor-fusion.ai/gpu-ids`` annotation is its allocation), so they are what the extender sees,
+not what a node agent last wrote. A human table by default, ``-o json`` for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from extender.contract import COMPONENT_LABEL, COMPONENT_WORKER, ContractError
+from extender.expansion.claims import EXPANSION_LABEL, EXPANSION_POD_ANNOTATION
+from extender.gpustatus import PoolTotals, tflops_text, vram_text
+from extender.kube import resources
+from extender.kube.resources import Resource
+from extender.state import ClusterState, Kind, PlacementError, pod_key
+
+NO_POOL = "-"
+DEFAULT_PROVISIONING = "AutoSelect"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    nodes: list[dict[str, Any]]
+    gpus: list[dict[str, Any]]
+    pools: list[dict[str, Any]]
+    templates: list[dict[str, Any]]
+    pods: list[dict[str, Any]]
+    nodeclaims: list[dict[str, Any]]
+
+
+# --- pure: the report -----------------------------------------------------------------------------
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == kind:
+            return condition  # type: ignore[no-any-return]
+    return None
+
+
+def pending_reason(pod: Mapping[str, Any]) -> str:
+    """Why a pod is not bound yet, in the scheduler's words when it has said something."""
+    nominated = (pod.get("status") or {}).get("nominatedNodeName")
+    if nominated:
+        return f"preempting lower-priority pods on {nominated}"
+    if _meta(pod).get("deletionTimestamp"):
+        return "being deleted"
+    scheduled = _condition(pod, "PodScheduled")
+    if scheduled is not None and scheduled.get("status") == "False":
+        message = str(scheduled.get("message") or scheduled.get("reason") or "").strip()
+        if message:
+            return message
+    return "not tried by the scheduler yet"
+
+
+def _claim_in_flight(claim: Mapping[str, Any]) -> bool:
+    if _meta(claim).get("deletionTimestamp"):
+        return False
+    ready = _condition(claim, "Ready")
+    return ready is None or ready.get("status") != "True"
+
+
+def _claim_state(claim: Mapping[str, Any]) -> str:
+    for kind in ("Initialized", "Registered", "Launched"):
+        condition = _condition(claim, kind)
+        if condition is not None and condition.get("status") == "True":
+            return kind
+    return "Created"
+
+
+def build_report(snapshot: Snapshot) -> dict[str, Any]:
+    state = ClusterState()
+    for kind, objects in ((Kind.TEMPLATE, snapshot.templates), (Kind.POOL, snapshot.pools),
+                          (Kind.NODE, snapshot.nodes), (Kind.GPU, snapshot.gpus), (Kind.POD, snapshot.pods)):
+        for obj in objects:
+            state.apply(kind, "ADDED", obj)
+    pool_specs = {str(_meta(p).get("name")): p for p in snapshot.pools}
+    views = [gpu for node in state.nodes() for gpu in state.node_gpus(node)]
+    totals: dict[str, PoolTotals] = {name: PoolTotals() for name in pool_specs}
+    for gpu in views:
+        totals.setdefault(gpu.pool or NO_POOL, PoolTotals()).add(gpu)
+
+    pending: dict[str, list[dict[str, str]]] = {}
+    pool_of_pod: dict[str, str] = {}
+    for pod in snapshot.pods:
+        try:
+            pool = state.request_of(pod).pool or NO_POOL
+        except (PlacementError, ContractError):
+            pool = str((_meta(pod).get("annotations") or {}).get("tensor-fusion.ai/gpupool") or NO_POOL)
+        pool_of_pod[pod_key(pod)] = pool
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        if not spec.get("nodeName") and status.get("phase", "Pending") == "Pending":
+            pending.setdefault(pool, []).append({"pod": pod_key(pod), "reason": pending_reason(pod)})
+
+    claims: dict[str, list[dict[str, str]]] = {}
+    for claim in snapshot.nodeclaims:
+        meta = _meta(claim)
+        if EXPANSION_LABEL not in (meta.get("labels") or {}) or not _claim_in_flight(claim):
+            continue
+        for_pod = str((meta.get("annotations") or {}).get(EXPANSION_POD_ANNOTATION) or "")
+        pool = pool_of_pod.get(for_pod, NO_POOL)
+        claims.setdefault(pool, []).append({
+            "name": str(meta.get("name") or ""),
+            "nodePool": str((meta.get("labels") or {}).get("karpenter.sh/nodepool") or ""),
+            "forPod": for_pod, "state": _claim_state(claim)})
+
+    names = sorted(set(totals) | set(pending) | set(claims), key=lambda n: (n == NO_POOL, n))
+    out = []
+    for name in names:
+        t = totals.get(name, PoolTotals())
+        spec = (pool_specs.get(name) or {}).get("spec") or {}
+        provisioning = (spec.get("nodeManagerConfig") or {}).get("provisioningMode") or DEFAULT_PROVISIONING
+        out.append({
+            "name": name,
+            "exists": name in pool_specs,
+            "default": name == state.default_pool,
+            "mode": state.mode_for(name).value if name != NO_POOL else "",
+            "provisioning": provisioning if name in pool_specs else "",
+            "nodes": len(t.nodes), "gpus": t.gpus, "partiallyUsedGPUs": t.partially_used,
+            "tflops": {"total": tflops_text(t.total_tflops), "allocated": tflops_text(t.used_tflops),
+                       "free": tflops_text(t.total_tflops - t.used_tflops)},
+            "vram": {"total": vram_text(t.total_vram), "allocated": vram_text(t.used_vram),
+                     "free": vram_text(t.total_vram - t.used_vram)},
+            "pendingPods": sorted(pending.get(name, []), key=lambda p: p["pod"]),
+            "nodeClaimsInFlight": sorted(claims.get(name, []), key=lambda c: c["name"]),
+        })
+    return {"pools": out}
+
+
+def render_table(report: Mapping[str, Any]) -> str:
+    header = ("POOL", "MODE", "PROVISIONING", "NODES", "GPUS", "TFLOPS ALLOC/TOTAL", "TFLOPS FREE",
+              "VRAM ALLOC/TOTAL", "VRAM FREE", "PARTIAL", "PENDING", "CLAIMS")
+    rows = [header]
+    for p in report["pools"]:
+        name = p["name"] + ("*" if p["default"] else "") + ("" if p["exists"] or p["name"] == NO_POOL
+                                                            else " (no GPUPool)")
+        rows.append((name, p["mode"] or "-", p["provisioning"] or "-", str(p["nodes"]), str(p["gpus"]),
+                     f"{p['tflops']['allocated']}/{p['tflops']['total']}", p["tflops"]["free"],
+                     f"{p['vram']['allocated']}/{p['vram']['total']}", p["vram"]["free"],
+                     str(p["partiallyUsedGPUs"]), str(len(p["pendingPods"])),
+                     str(len(p["nodeClaimsInFlight"]))))
+    if len(rows) == 1:
+        return "No GPU pools, GPUs or GPU pods found.\n"
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.append("(* default pool)")
+    pending = [(p["name"], x) for p in report["pools"] for x in p["pendingPods"]]
+    if pending:
+        lines += ["", "Pending GPU pods:"]
+        lines += [f"  {x['pod']} (pool {pool}): {x['reason']}" for pool, x in pending]
+    claims = [(p["name"], c) for p in report["pools"] for c in p["nodeClaimsInFlight"]]
+    if claims:
+        lines += ["", "NodeClaims in flight:"]
+        lines += [f"  {c['name']} (pool {pool}, NodePool {c['nodePool'] or '-'}, for {c['forPod'] or '-'}): "
+                  f"{c['state']}" for pool, c in claims]
+    return "\n".join(lines) + "\n"
+
+
+# --- I/O ------------------------------------------------------------------------------------------
+
+
+def read_snapshot(list_all: Callable[[Resource, str | None], list[dict[str, Any]]]) -> Snapshot:
+    selector = f"{COMPONENT_LABEL}={COMPONENT_WORKER}"
+    return Snapshot(
+        nodes=list_all(resources.NODES, None), gpus=list_all(resources.GPUS, None),
+        pools=list_all(resources.GPU_POOLS, None),
+        templates=list_all(resources.SCHEDULING_CONFIG_TEMPLATES, None),
+        pods=list_all(resources.PODS, selector), nodeclaims=list_all(resources.NODECLAIMS, None))
+
+
+def kube_lister(api_client: Any) -> Callable[[Resource, str | None], list[dict[str, Any]]]:
+    from extender.kube.client import error_status, request_json
+
+    def list_all(resource: Resource, selector: str | None) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        query: dict[str, str | int | bool] = {"limit": 500}
+        if selector:
+            query["labelSelector"] = selector
+        while True:
+            try:
+                page = request_json(api_client, "GET", resources.collection_path(resource), query=query)
+            except Exception as exc:
+                if resource.group and error_status(exc) == 404:
+                    return []  # the CRD is not installed: none of these
+                raise
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+            query["continue"] = token
+
+    return list_all
+
+
+def add_status_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: ~/.kube/config)")
+    parser.add_argument("-o", "--output", default="table", choices=["table", "json"],
+                        help="a table for people (default) or JSON for scripts")
+
+
+def main_status(args: argparse.Namespace, out: Any = None) -> int:
+    from extender.kube.client import KubeConfigError, error_message, load_api_client
+
+    out = out or sys.stdout
+    try:
+        api_client = load_api_client(args.kubeconfig)
+    except KubeConfigError as exc:
+        print(f"tf-extender: {exc}", file=sys.stderr)
+        return 2
+    try:
+        snapshot = read_snapshot(kube_lister(api_client))
+    except Exception as exc:
+        print(f"tf-extender: cannot read the cluster: {error_message(exc)}", file=sys.stderr)
+        return 1
+    finally:
+        api_client.close()  # type: ignore[no-untyped-call]
+    report = build_report(snapshot)
+    out.write(json.dumps(report, indent=2) + "\n" if args.output == "json" else render_table(report))
+    return 0

@@ -1,0 +1,142 @@
+"""tf-extender status: the per-pool report and its two renderings."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from typing import Any
+
+import pytest
+from extender_fakes import POOL, gpu, pod
+
+from extender import cli
+from extender.kube import resources
+from extender.status_cmd import Snapshot, build_report, pending_reason, read_snapshot, render_table
+
+
+def _pool(name: str, *, default: bool = False, template: str | None = None,
+          provisioning: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    if template:
+        spec["schedulingConfigTemplate"] = template
+    if provisioning:
+        spec["nodeManagerConfig"] = {"provisioningMode": provisioning}
+    annotations = {"tensor-fusion.ai/is-default-pool": "true"} if default else {}
+    return {"metadata": {"name": name, "annotations": annotations}, "spec": spec}
+
+
+def _snapshot() -> Snapshot:
+    other = gpu("h0", "n3", tflops="200", vram="80Gi")
+    other["metadata"]["labels"]["tensor-fusion.ai/gpupool"] = "inference"
+    pending = pod("big", "u-big", tflops="90")
+    pending["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                        "message": "0/3 nodes are available: need 90 TFLOPS free"}]
+    claim = {"metadata": {"name": "gpu-tf-abc", "labels": {"tensor-fusion.ai/expansion": "x1",
+                                                          "karpenter.sh/nodepool": "gpu"},
+                          "annotations": {"tensor-fusion.ai/expansion-pod": "ml/big"}},
+             "status": {"conditions": [{"type": "Launched", "status": "True"},
+                                       {"type": "Ready", "status": "False"}]}}
+    ready_claim = {"metadata": {"name": "done", "labels": {"tensor-fusion.ai/expansion": "x0"}},
+                   "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    foreign_claim = {"metadata": {"name": "karpenters-own", "labels": {}}}
+    return Snapshot(
+        nodes=[],
+        gpus=[gpu("g0", "n1"), gpu("g1", "n1"), gpu("g2", "n2"), other],
+        pools=[_pool(POOL, default=True, template="compact"), _pool("inference", provisioning="Karpenter")],
+        templates=[{"metadata": {"name": "compact"}, "spec": {"placement": {"mode": "CompactFirst"}}}],
+        pods=[pod("a", "u-a", tflops="30", node="n1", gpu_ids="g0", phase="Running"),
+              pod("b", "u-b", tflops="100", node="n2", gpu_ids="g2", phase="Running"),
+              pending],
+        nodeclaims=[claim, ready_claim, foreign_claim],
+    )
+
+
+def test_report_per_pool():
+    report = build_report(_snapshot())
+    pools = {p["name"]: p for p in report["pools"]}
+    assert list(pools) == ["inference", POOL]
+    a = pools[POOL]
+    assert (a["mode"], a["provisioning"], a["default"], a["nodes"], a["gpus"], a["partiallyUsedGPUs"]) == (
+        "CompactFirst", "AutoSelect", True, 2, 3, 2)  # g2: TFLOPS full, VRAM not
+    assert a["tflops"] == {"total": "300", "allocated": "130", "free": "170"}
+    assert a["vram"] == {"total": "120Gi", "allocated": "8Gi", "free": "112Gi"}
+    assert a["pendingPods"] == [{"pod": "ml/big", "reason": "0/3 nodes are available: need 90 TFLOPS free"}]
+    assert a["nodeClaimsInFlight"] == [{"name": "gpu-tf-abc", "nodePool": "gpu", "forPod": "ml/big",
+                                        "state": "Launched"}]
+    b = pools["inference"]
+    assert (b["mode"], b["provisioning"], b["default"], b["gpus"]) == (
+        "NodeCompactGPULowLoad", "Karpenter", False, 1)
+    assert b["tflops"]["free"] == "200" and b["pendingPods"] == [] and b["nodeClaimsInFlight"] == []
+
+
+def test_table_names_every_pool_pending_pod_and_claim():
+    text = render_table(build_report(_snapshot()))
+    lines = text.splitlines()
+    assert lines[0].split()[:3] == ["POOL", "MODE", "PROVISIONING"]
+    row = next(line for line in lines if line.startswith(POOL + "*"))
+    assert row.split() == [POOL + "*", "CompactFirst", "AutoSelect", "2", "3", "130/300", "170",
+                           "8Gi/120Gi", "112Gi", "2", "1", "1"]
+    assert "  ml/big (pool pool-a): 0/3 nodes are available: need 90 TFLOPS free" in lines
+    assert any(line.startswith("  gpu-tf-abc (pool pool-a, NodePool gpu, for ml/big): Launched")
+               for line in lines)
+
+
+def test_empty_cluster():
+    assert render_table(build_report(Snapshot([], [], [], [], [], []))) == (
+        "No GPU pools, GPUs or GPU pods found.\n")
+
+
+def test_pending_pod_of_an_unknown_pool_is_still_shown():
+    stray = pod("stray", "u-s")
+    stray["metadata"]["annotations"]["tensor-fusion.ai/gpupool"] = "nowhere"
+    report = build_report(Snapshot([], [], [], [], [stray], []))
+    rows = [(p["name"], p["exists"], len(p["pendingPods"])) for p in report["pools"]]
+    assert rows == [("nowhere", False, 1)]
+    assert "nowhere (no GPUPool)" in render_table(report)
+
+
+@pytest.mark.parametrize(("status", "meta", "reason"), [
+    ({}, {}, "not tried by the scheduler yet"),
+    ({"nominatedNodeName": "n1"}, {}, "preempting lower-priority pods on n1"),
+    ({}, {"deletionTimestamp": "2026-01-01T00:00:00Z"}, "being deleted"),
+    ({"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}, {},
+     "Unschedulable"),
+])
+def test_pending_reason(status: dict[str, Any], meta: dict[str, Any], reason: str):
+    assert pending_reason({"metadata": meta, "status": status}) == reason
+
+
+def test_snapshot_lists_gpu_pods_only_and_every_kind():
+    asked: list[tuple[str, str | None]] = []
+
+    def list_all(resource: resources.Resource, selector: str | None) -> list[dict[str, Any]]:
+        asked.append((resource.plural, selector))
+        return []
+
+    read_snapshot(list_all)
+    assert ("pods", "tensor-fusion.ai/component=worker") in asked
+    assert {p for p, _ in asked} == {"nodes", "gpus", "gpupools", "schedulingconfigtemplates", "pods",
+                                     "nodeclaims"}
+
+
+def test_cli_parses_status(tmp_path: Any, capsys: pytest.CaptureFixture[str]):
+    args = cli.build_parser().parse_args(["status", "-o", "json", "--kubeconfig", "k"])
+    assert (args.command, args.output, args.kubeconfig) == ("status", "json", "k")
+    assert cli.main(["status", "--kubeconfig", str(tmp_path / "missing")]) == 2
+    assert "cannot load Kubernetes configuration" in capsys.readouterr().err
+
+
+def test_json_output_is_the_report(monkeypatch: pytest.MonkeyPatch):
+    from extender import status_cmd
+
+    monkeypatch.setattr(status_cmd, "read_snapshot", lambda _lister: _snapshot())
+    monkeypatch.setattr("extender.kube.client.load_api_client", lambda _path: _Closable())
+    out = io.StringIO()
+    assert status_cmd.main_status(argparse.Namespace(kubeconfig=None, output="json"), out) == 0
+    assert json.loads(out.getvalue()) == build_report(_snapshot())
+
+
+class _Closable:
+    def close(self) -> None:
+        pass
