@@ -121,7 +121,7 @@ def wants_mutation(request: AdmissionRequest) -> bool:
 
 
 def admit(request: AdmissionRequest, view: ClusterView, *, scheduler_name: str,
-          next_index: Callable[[], int]) -> Decision:
+          next_index: Callable[[], int], do_not_disrupt: bool = False) -> Decision:
     if not wants_mutation(request):
         return Decision(allow(request.uid), Outcome.SKIPPED)
     if request.object is None:
@@ -130,7 +130,7 @@ def admit(request: AdmissionRequest, view: ClusterView, *, scheduler_name: str,
     if not is_opted_in(request.object):
         return Decision(allow(request.uid), Outcome.SKIPPED)
     result: MutationResult = mutate(request.object, view, scheduler_name=scheduler_name, index=next_index(),
-                                    namespace=request.namespace or None)
+                                    namespace=request.namespace or None, do_not_disrupt=do_not_disrupt)
     if result.skipped:
         return Decision(allow(request.uid), Outcome.SKIPPED)
     if result.denial is not None:

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from extender.logs import setup_logging
+from webhook.karpenter import DoNotDisruptSwitch, Mode, api_probe, running
 from webhook.mutation import mutate
 from webhook.server import DEFAULT_REQUEST_TIMEOUT, DEFAULT_SCHEDULER_NAME, WebhookService, create_app
 from webhook.view import ObjectsError, StaticClusterView, load_objects
@@ -42,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds to answer one AdmissionReview")
     serve.add_argument("--cert-reload-interval", type=float, default=2.0,
                        help="seconds between checks of the certificate files")
+    serve.add_argument("--karpenter-do-not-disrupt", choices=[m.value for m in Mode], default=Mode.AUTO.value,
+                       help='add karpenter.sh/do-not-disrupt: "true" to mutated pods, so Karpenter does not '
+                            "consolidate nodes under them: auto (while the API serves Karpenter's "
+                            "NodeClaims), true, false")
 
     offline = commands.add_parser("mutate", help="show what the webhook does to a pod, without a cluster")
     offline.add_argument("--pod", required=True, help="pod manifest (YAML or JSON); - for stdin")
@@ -118,9 +123,12 @@ async def serve(args: argparse.Namespace) -> int:
     from webhook.caches import ServingCaches
 
     ssl_context = serving_context(args.cert_dir)
-    caches = ServingCaches.from_api(load_api_client(args.kubeconfig))
+    api_client = load_api_client(args.kubeconfig)
+    caches = ServingCaches.from_api(api_client)
+    mode = Mode(args.karpenter_do_not_disrupt)
+    switch = DoNotDisruptSwitch(mode, api_probe(api_client) if mode is Mode.AUTO else None)
     service = WebhookService(caches.view_for, caches.ready, scheduler_name=args.scheduler_name,
-                             request_timeout=args.request_timeout)
+                             request_timeout=args.request_timeout, do_not_disrupt=lambda: switch.enabled)
     runner = web.AppRunner(create_app(service), access_log=None)
     await runner.setup()
     caches.start()
@@ -130,11 +138,13 @@ async def serve(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:
-        await web.TCPSite(runner, args.bind_address, args.port, ssl_context=ssl_context).start()
-        log.info("serving", extra={"address": args.bind_address, "port": args.port,
-                                   "scheduler_name": args.scheduler_name})
-        await stop.wait()
-        log.info("shutting down")
+        async with running(switch):
+            await web.TCPSite(runner, args.bind_address, args.port, ssl_context=ssl_context).start()
+            log.info("serving", extra={"address": args.bind_address, "port": args.port,
+                                       "scheduler_name": args.scheduler_name,
+                                       "karpenter_do_not_disrupt": mode.value})
+            await stop.wait()
+            log.info("shutting down")
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)

@@ -40,6 +40,7 @@ from extender.contract import (
     profile_annotations,
     render_annotations,
 )
+from webhook.karpenter import add_do_not_disrupt
 from webhook.patch import PatchOp, diff
 from webhook.selector import SelectorError, matches
 from webhook.view import ClusterView, KubeObject, name_of
@@ -83,9 +84,10 @@ def is_opted_in(pod: Mapping[str, Any]) -> bool:
 
 
 def mutate(pod: KubeObject, view: ClusterView, *, scheduler_name: str, index: int,
-           namespace: str | None = None) -> MutationResult:
+           namespace: str | None = None, do_not_disrupt: bool = False) -> MutationResult:
     """Mutate ``pod`` (an API JSON dict, left unchanged). ``index`` is used only when the pod has none yet;
-    ``namespace`` defaults to the pod's own, then ``default``.
+    ``namespace`` defaults to the pod's own, then ``default``. ``do_not_disrupt`` adds
+    ``karpenter.sh/do-not-disrupt: "true"`` unless the pod sets it (see ``webhook.karpenter``).
     """
     if not is_opted_in(pod):
         return MutationResult(pod=pod, skipped=True)
@@ -95,6 +97,8 @@ def mutate(pod: KubeObject, view: ClusterView, *, scheduler_name: str, index: in
     namespace = namespace or str(pod["metadata"].get("namespace") or "") or "default"
     try:
         mutated, request = _mutated(pod, view, namespace, scheduler_name, index)
+        if do_not_disrupt:
+            add_do_not_disrupt(mutated["metadata"]["annotations"])
     except ContractError as exc:
         return MutationResult(pod=pod, denial=Denial(str(exc), exc.key))
     return MutationResult(pod=mutated, patch=diff(pod, mutated), request=request)

@@ -35,8 +35,10 @@ class WebhookService:
     def __init__(self, view_for: ViewProvider, ready: Callable[[], bool], *,
                  scheduler_name: str = DEFAULT_SCHEDULER_NAME, allocator: IndexAllocator | None = None,
                  metrics: WebhookMetrics | None = None,
-                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> None:
+                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                 do_not_disrupt: Callable[[], bool] = lambda: False) -> None:
         self.view_for = view_for
+        self.do_not_disrupt = do_not_disrupt
         self.ready = ready
         self.scheduler_name = scheduler_name
         self.allocator = allocator or IndexAllocator()
@@ -88,7 +90,7 @@ async def handle_mutate(request: web.Request) -> web.Response:
                       "namespace": review.request.namespace, "pod": _pod_name(review.request.object)}
             view = await service.view_for(review.request.object or {}, review.request.namespace or "default")
             decision = admit(review.request, view, scheduler_name=service.scheduler_name,
-                             next_index=service.allocator.next)
+                             next_index=service.allocator.next, do_not_disrupt=service.do_not_disrupt())
         response = web.json_response(decision.response)
     except web.HTTPRequestEntityTooLarge:
         message = f"AdmissionReview larger than {request.app[MAX_BODY_KEY]} bytes"
