@@ -10,7 +10,7 @@ Fixtures (all session scoped unless noted):
                       .api_client(kubeconfig=None), .write_kubeconfig(path, user, cert),
                       .kubeconfig_for(user, groups), .kubeconfig_for_service_account(ns, name)
 - ``api_client``     kubernetes.client.ApiClient for the admin kubeconfig
-- ``karpenter_crds`` installs ../shared/testdata/karpenter CRDs; yields their names
+- ``karpenter_crds`` installs Karpenter's CRDs from the Karpenter module the suite builds; yields their names
 - ``extender_port`` / ``extender_url``  loopback port and ``http://127.0.0.1:<port>/scheduler`` that the
                       kube-scheduler calls (nothing listens there until the extender fixture starts it)
 - ``kube_scheduler`` kube-scheduler with manifests/scheduler/kube-scheduler-config.yaml, kubeconfig and

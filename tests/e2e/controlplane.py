@@ -35,14 +35,13 @@ from typing import Any
 
 import yaml
 
+from tests.upstream import karpenter_crds_dir
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO_ROOT / "manifests"
 CRDS_DIR = MANIFESTS / "crds"
 SCHEDULER_CONFIG = MANIFESTS / "scheduler" / "kube-scheduler-config.yaml"
 BUILD_SCRIPT = Path(__file__).resolve().parent / "build-control-plane.sh"
-SHARED_TESTDATA = Path(os.environ.get("TF_SHARED_TESTDATA", REPO_ROOT.parent / "shared" / "testdata"))
-KARPENTER_CRDS_DIR = SHARED_TESTDATA / "karpenter"
-TENSOR_FUSION_UPSTREAM_CRDS_DIR = SHARED_TESTDATA / "tensor-fusion"
 
 GPU_SCHEDULER_NAME = "tensor-fusion-scheduler"
 KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
@@ -84,9 +83,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Every wait in the suite is a poll for an outcome; its bound only matters when the outcome never comes.
+# On a busy machine (CI shares 2 cores) things take longer, so bounds are stretched rather than trusted.
+TIMEOUT_SCALE = float(os.environ.get("TF_E2E_TIMEOUT_SCALE", "3"))
+
+
 def wait_until(
     pred: Callable[[], Any], timeout: float, interval: float = 0.2, what: str = "condition"
 ) -> Any:
+    timeout *= TIMEOUT_SCALE
     deadline = time.monotonic() + timeout
     last_exc: BaseException | None = None
     while True:
@@ -575,7 +580,8 @@ def project_crd_files() -> list[Path]:
 
 
 def karpenter_crd_files() -> list[Path]:
-    return sorted(KARPENTER_CRDS_DIR.glob("*.yaml"))
+    """Karpenter's CRDs from the Karpenter module the suite builds (see tests/upstream.py)."""
+    return sorted(karpenter_crds_dir().glob("*.yaml"))
 
 
 def render_kustomization(directory: Path) -> list[dict]:

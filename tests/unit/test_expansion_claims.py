@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,10 +22,7 @@ from extender.expansion.claims import (
     build_nodeclaim,
     pod_accepts_claim,
 )
-
-SHARED_TESTDATA = Path(os.environ.get("TF_SHARED_TESTDATA")
-                       or Path(__file__).resolve().parents[2].parent / "shared" / "testdata")
-KARPENTER = SHARED_TESTDATA / "karpenter"
+from tests.upstream import karpenter_crd
 
 
 def nodepool(requirements: list[dict[str, Any]] | None = None, labels: dict[str, str] | None = None,
@@ -105,7 +100,7 @@ def expr(key: str, operator: str, *values: str) -> dict[str, Any]:
 
 
 def _schema() -> dict[str, Any]:
-    crd = yaml.safe_load((KARPENTER / "karpenter.sh_nodeclaims.yaml").read_text())
+    crd = yaml.safe_load(karpenter_crd("nodeclaims").read_text())
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
     return version["schema"]["openAPIV3Schema"]
 

@@ -10,7 +10,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
-UPSTREAM = ROOT.parent / "shared" / "testdata" / "tensor-fusion"
+TENSOR_FUSION_EXAMPLES = ROOT / "tests" / "compat" / "tensor-fusion"
 INDEX_NAMES = [f"tensor-fusion.ai/index_{k:x}" for k in range(16)]
 # default kube-scheduler score plugins and their weights (v1.36 defaults)
 IN_TREE_SCORE_WEIGHTS = {
@@ -202,7 +202,24 @@ def test_nodeoverlay_declares_every_index_resource():
     assert ov["spec"]["requirements"]
 
 
-# ---------------------------------------------------------------------- CRDs vs upstream, statically
+# ------------------------------------------------- CRDs vs TensorFusion's objects, statically
+#
+# tests/compat/tensor-fusion/ holds the project's own example objects, a maximal and a minimal one per kind,
+# written from TensorFusion's published field list. Our CRDs must keep every field of the maximal ones (the
+# API server prunes what a structural schema does not declare); tests/e2e/test_manifests.py stores them on a
+# real API server.
+
+# TensorFusion's names for the kinds we ship (group tensor-fusion.ai, version v1)
+TENSOR_FUSION_KINDS = {
+    "gpus": ("GPU", "Cluster"),
+    "gpupools": ("GPUPool", "Cluster"),
+    "schedulingconfigtemplates": ("SchedulingConfigTemplate", "Cluster"),
+    "workloadprofiles": ("WorkloadProfile", "Namespaced"),
+    "gpunodeclaims": ("GPUNodeClaim", "Cluster"),
+}
+SHIPPED_PLURALS = sorted(
+    p for p in TENSOR_FUSION_KINDS if (MANIFESTS / "crds" / f"tensor-fusion.ai_{p}.yaml").exists()
+)
 
 
 def _schema(crd: dict) -> dict:
@@ -210,64 +227,57 @@ def _schema(crd: dict) -> dict:
     return v["schema"]["openAPIV3Schema"]
 
 
-def _compatible(ours: dict, up: dict, path: str, problems: list[str]) -> None:
-    """ours accepts (and keeps) everything up accepts: same types, no extra required fields, no narrower
-    enums, and unknown fields preserved wherever upstream declares fields we do not."""
-    if ours.get("x-kubernetes-int-or-string") or up.get("x-kubernetes-int-or-string"):
-        if ours.get("x-kubernetes-int-or-string") != up.get("x-kubernetes-int-or-string"):
-            problems.append(f"{path}: int-or-string differs")
-        return
-    if ours.get("type") != up.get("type"):
-        problems.append(f"{path}: type {ours.get('type')} != upstream {up.get('type')}")
-        return
-    if set(ours.get("required", [])) - set(up.get("required", [])):
-        problems.append(f"{path}: requires more than upstream")
-    if ours.get("enum") and set(up.get("enum") or []) - set(ours["enum"]):
-        problems.append(f"{path}: enum narrower than upstream")
-    for key in ("minimum", "maximum", "pattern", "maxLength", "minLength", "x-kubernetes-validations"):
-        if key in ours and ours[key] != up.get(key):
-            problems.append(f"{path}: {key} differs from upstream")
-    ours_props, up_props = ours.get("properties") or {}, up.get("properties") or {}
-    for k, v in ours_props.items():
-        if k not in up_props:
-            problems.append(f"{path}.{k}: not in upstream")
-        else:
-            _compatible(v, up_props[k], f"{path}.{k}", problems)
-    if (
-        set(up_props) - set(ours_props)
-        and path != ""
-        and not ours.get("x-kubernetes-preserve-unknown-fields")
-    ):
-        problems.append(f"{path}: upstream fields {sorted(set(up_props) - set(ours_props))} would be pruned")
-    if up.get("x-kubernetes-preserve-unknown-fields") and not ours.get(
-        "x-kubernetes-preserve-unknown-fields"
-    ):
-        problems.append(f"{path}: upstream preserves unknown fields")
-    if ours.get("type") == "array":
-        _compatible(ours.get("items", {}), up.get("items", {}), path + "[]", problems)
-    if isinstance(up.get("additionalProperties"), dict):
-        if not isinstance(ours.get("additionalProperties"), dict) and not ours.get(
-            "x-kubernetes-preserve-unknown-fields"
-        ):
-            problems.append(f"{path}: map values would be pruned")
-        elif isinstance(ours.get("additionalProperties"), dict):
-            _compatible(ours["additionalProperties"], up["additionalProperties"], path + "{}", problems)
+def pruned_paths(value: object, schema: dict, path: str = "") -> list[str]:
+    """The paths of ``value`` that an API server would drop when storing it under ``schema``."""
+    out: list[str] = []
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        for k, v in value.items():
+            if path == "" and k in ("apiVersion", "kind", "metadata"):
+                continue
+            if k in props:
+                out += pruned_paths(v, props[k], f"{path}.{k}")
+            elif isinstance(extra, dict):
+                out += pruned_paths(v, extra, f"{path}.{k}")
+            elif not (extra is True or schema.get("x-kubernetes-preserve-unknown-fields")):
+                out.append(f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            out += pruned_paths(item, schema.get("items") or {}, f"{path}[{i}]")
+    return out
 
 
-@pytest.mark.parametrize("plural", ["gpus", "gpupools", "schedulingconfigtemplates", "workloadprofiles"])
-def test_crd_is_a_compatible_subset_of_upstream(plural):
-    (ours,) = docs(MANIFESTS / "crds" / f"tensor-fusion.ai_{plural}.yaml")
-    (up,) = docs(UPSTREAM / f"tensor-fusion.ai_{plural}.yaml")
-    assert ours["metadata"]["name"] == up["metadata"]["name"]
-    assert ours["spec"]["names"] == {
-        k: v for k, v in up["spec"]["names"].items() if k in ours["spec"]["names"]
+def test_pruned_paths_finds_undeclared_fields():
+    spec = {
+        "a": {"type": "string"},
+        "m": {"additionalProperties": {"properties": {"x": {}}}},
+        "open": {"x-kubernetes-preserve-unknown-fields": True},
     }
-    assert ours["spec"]["scope"] == up["spec"]["scope"]
-    (v,) = ours["spec"]["versions"]
+    schema = {"properties": {"spec": {"properties": spec}}}
+    obj = {"kind": "K", "spec": {"a": "1", "b": 2, "m": {"k": {"x": 1, "y": 2}}, "open": {"anything": 1}}}
+    assert pruned_paths(obj, schema) == [".spec.b", ".spec.m.k.y"]
+
+
+def test_the_examples_cover_every_shipped_crd():
+    assert {"gpus", "gpupools", "schedulingconfigtemplates", "workloadprofiles"} <= set(SHIPPED_PLURALS)
+    for plural in SHIPPED_PLURALS:
+        for suffix in ("maximal", "minimal", "minimal-defaulted"):
+            assert (TENSOR_FUSION_EXAMPLES / f"{plural}-{suffix}.yaml").is_file(), (plural, suffix)
+
+
+@pytest.mark.parametrize("plural", SHIPPED_PLURALS)
+def test_crd_keeps_every_field_of_a_maximal_tensor_fusion_object(plural):
+    (crd,) = docs(MANIFESTS / "crds" / f"tensor-fusion.ai_{plural}.yaml")
+    kind, scope = TENSOR_FUSION_KINDS[plural]
+    assert crd["metadata"]["name"] == f"{plural}.tensor-fusion.ai"
+    assert (crd["spec"]["group"], crd["spec"]["names"]["kind"], crd["spec"]["scope"]) == (
+        "tensor-fusion.ai", kind, scope)
+    (v,) = crd["spec"]["versions"]
     assert v["name"] == "v1" and v["served"] and v["storage"] and v["subresources"] == {"status": {}}
-    problems: list[str] = []
-    _compatible(_schema(ours), _schema(up), "", problems)
-    assert not problems, "\n".join(problems)
+    (example,) = docs(TENSOR_FUSION_EXAMPLES / f"{plural}-maximal.yaml")
+    assert example["kind"] == kind
+    assert pruned_paths(example, _schema(crd)) == []
 
 
 def test_crds_keep_the_fields_the_design_reads():

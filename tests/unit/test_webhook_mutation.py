@@ -7,7 +7,7 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_webhook_fixtures import NS, POOL_A, POOL_B, SCHEDULER, pod, tf, view
 
@@ -353,7 +353,7 @@ _CONTAINERS = st.sampled_from([
 ])
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300)
 @given(st.dictionaries(st.sampled_from(sorted(_GOOD)) | st.text(max_size=30), st.text(max_size=30),
                        max_size=10), _LABELS, _CONTAINERS)
 def test_any_annotation_map_gives_a_patch_or_a_denial(annotations_in: dict[str, str], labels: dict[str, str],
@@ -365,7 +365,7 @@ def test_any_annotation_map_gives_a_patch_or_a_denial(annotations_in: dict[str, 
         assert result.patch == [] and result.denial.reason and result.denial.message
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300)
 @given(_ANNOTATIONS, _LABELS, _CONTAINERS,
        st.integers(min_value=1, max_value=128))
 def test_accepted_pods_reparse_to_the_same_request_and_mutation_is_idempotent(
