@@ -59,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     from extender.status_cmd import add_status_arguments
 
     add_status_arguments(status)
+
+    from extender.plan.cli import add_plan_arguments
+
+    add_plan_arguments(commands.add_parser(
+        "plan", help="print, as JSON lines, what the capacity controllers would do now on a snapshot"))
     return parser
 
 
@@ -75,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         from extender.status_cmd import main_status
 
         return main_status(args)
+    if args.command == "plan":
+        from extender.plan.cli import main_plan
+
+        return main_plan(args)
     return serve(args)
 
 
