@@ -38,6 +38,7 @@ from extender.metrics import Metrics, NodeUse, PoolUse
 from extender.preemptor import Preemptor
 from extender.server import DEFAULT_DEADLINE, DEFAULT_PREFIX, FilterObserver, Handlers, create_app
 from extender.state import ClusterState, InventorySource, Kind
+from extender.stranded import StrandedCollector
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ class ExtenderService:
                                  observers=all_observers, deadline=settings.deadline,
                                  gate=self.preemptor.filter_gate if self.preemptor is not None else None)
         self.metrics.on_scrape(self.refresh_gauges)
+        self.metrics.registry.register(StrandedCollector(self.caches["pods"], self.caches["nodes"]))
 
     def unsynced(self) -> list[str]:
         return [name for name, cache in self.caches.items() if not cache.synced.is_set()]

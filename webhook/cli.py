@@ -118,6 +118,7 @@ async def serve(args: argparse.Namespace) -> int:
     # Imported here so that the offline ``mutate`` does not pay for the Kubernetes client.
     from aiohttp import web
 
+    from certs.files import TLS_CERT
     from certs.reload import serving_context, watch_certificates
     from extender.kube.client import load_api_client
     from webhook.caches import ServingCaches
@@ -129,6 +130,7 @@ async def serve(args: argparse.Namespace) -> int:
     switch = DoNotDisruptSwitch(mode, api_probe(api_client) if mode is Mode.AUTO else None)
     service = WebhookService(caches.view_for, caches.ready, scheduler_name=args.scheduler_name,
                              request_timeout=args.request_timeout, do_not_disrupt=lambda: switch.enabled)
+    service.metrics.track_certificate(Path(args.cert_dir) / TLS_CERT)
     runner = web.AppRunner(create_app(service), access_log=None)
     await runner.setup()
     caches.start()

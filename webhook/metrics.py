@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from pathlib import Path
+
+from cryptography import x509
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from webhook.admission import Outcome
 
@@ -25,6 +28,13 @@ class WebhookMetrics:
         for outcome in Outcome:
             self.decisions.labels(outcome=outcome.value)
 
+    def track_certificate(self, cert_file: Path) -> None:
+        """Export the serving certificate's expiry (read from the file on each scrape; the server reloads
+        the same file within seconds of a change). 0 when the file cannot be read, which alerts too."""
+        gauge = Gauge("tf_webhook_certificate_expiry_timestamp_seconds",
+                      "Unix time at which the webhook's serving certificate expires", registry=self.registry)
+        gauge.set_function(lambda: certificate_not_after(cert_file))
+
     def observe(self, seconds: float, outcome: Outcome, denial_reason: str | None) -> None:
         self.duration.observe(seconds)
         self.decisions.labels(outcome=outcome.value).inc()
@@ -33,3 +43,11 @@ class WebhookMetrics:
 
     def exposition(self) -> bytes:
         return bytes(generate_latest(self.registry))
+
+
+def certificate_not_after(cert_file: Path) -> float:
+    try:
+        certificate = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    except (OSError, ValueError):
+        return 0.0
+    return certificate.not_valid_after_utc.timestamp()
