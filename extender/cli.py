@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "step with the extender's ledger (off when another component owns them)")
     serve.add_argument("--gpu-status-interval", type=float, default=1.0,
                        help="seconds between status passes: at most one write per GPU per pass (default 1)")
+    serve.add_argument("--defrag", action=argparse.BooleanOptionalAction, default=True,
+                       help="run defragmentation for GPUPools that enable it (nodeCompaction.defrag) or "
+                            "carry the tensor-fusion.ai/manual-defrag annotation (default on)")
+    serve.add_argument("--defrag-replacement-timeout", type=float, default=300.0, metavar="SECONDS",
+                       help="how long a defragmentation run waits for an evicted pod's replacement to be "
+                            "bound before it stops (default 300)")
     expansion_config.add_arguments(serve)
 
     simulate = commands.add_parser("simulate", help="place pods on a cluster snapshot, offline")
@@ -105,6 +111,7 @@ def serve(args: argparse.Namespace) -> int:
         inventory=InventorySource(args.inventory_source), max_pods_per_node=args.max_pods_per_node,
         preemptor=not args.no_preemptor, expansion=expansion_config.from_args(args),
         gpu_status=StatusSettings(interval=args.gpu_status_interval) if args.write_gpu_status else None,
+        defrag=args.defrag, defrag_replacement_timeout=args.defrag_replacement_timeout,
     )
     try:
         asyncio.run(_run(ExtenderService(api_client, settings)))

@@ -53,6 +53,7 @@ class Handlers:
     def __init__(self, state: ClusterState, binder: Binder, metrics: Metrics, *,
                  unsynced: Callable[[], list[str]], observers: Sequence[FilterObserver] = (),
                  gate: Callable[[dict[str, Any]], str | None] | None = None,
+                 fence: Callable[[dict[str, Any], FilterOutcome], FilterOutcome] | None = None,
                  deadline: float = DEFAULT_DEADLINE) -> None:
         self.state = state
         self.binder = binder
@@ -61,6 +62,8 @@ class Handlers:
         self.observers = list(observers)
         # when no node fits: a reason to answer with an error instead, so the scheduler retries with backoff
         self.gate = gate
+        # narrows the fitting nodes after the observers saw the full outcome (defragmentation's fence)
+        self.fence = fence
         self.deadline = deadline
 
     def _not_ready(self) -> str | None:
@@ -109,6 +112,8 @@ class Handlers:
                     observe(args.pod, outcome)
                 except Exception:
                     log.exception("filter observer failed")
+            if self.fence is not None:
+                outcome = self.fence(args.pod, outcome)
             if not outcome.fits and self.gate is not None and (reason := self.gate(args.pod)):
                 return _json(filter_error(reason).wire()), "waiting"
             result = filter_result(args, outcome.fits, outcome.failed, outcome.unresolvable,

@@ -27,8 +27,11 @@ from kubernetes import client
 
 from extender.binder import Binder
 from extender.contract import COMPONENT_LABEL, COMPONENT_WORKER
+from extender.defrag.kubeport import kube_defragmenter
+from extender.defrag.runner import Defragmenter
 from extender.expansion.config import ExpansionConfig
 from extender.expansion.kubeport import kube_expander
+from extender.expansion.lease import LeaseKeeper
 from extender.gpustatus import GPUStatusWriter, KubeStatusApi, StatusSettings
 from extender.kube import resources
 from extender.kube.events import EventRecorder
@@ -60,6 +63,9 @@ class Settings:
     shutdown_timeout: float = 15.0
     expansion: ExpansionConfig = field(default_factory=ExpansionConfig)
     gpu_status: StatusSettings | None = None  # --write-gpu-status
+    defrag: bool = True
+    defrag_replacement_timeout: float = 300.0
+    defrag_tick: float = 5.0
 
 
 def build_caches(api_client: client.ApiClient, state: ClusterState,
@@ -101,6 +107,13 @@ class ExtenderService:
             self.state, KubeStatusApi(api_client), gpus=self.caches.get("gpus") or _NoObjects(),
             pools=self.caches["gpupools"], pods=self.caches["pods"], settings=settings.gpu_status,
             registry=self.metrics.registry, ready=self._all_synced) if settings.gpu_status else None)
+        self.defragmenter: Defragmenter | None = None
+        self.defrag_lease: LeaseKeeper | None = None
+        if settings.defrag:
+            self.defragmenter, self.defrag_lease = kube_defragmenter(
+                api_client, self.caches, self.state, self.recorder, self.metrics.registry,
+                lease_namespace=settings.expansion.lease_namespace,
+                replacement_timeout=settings.defrag_replacement_timeout, tick_seconds=settings.defrag_tick)
         all_observers = list(observers)
         if self.preemptor is not None:
             all_observers.append(self.preemptor.consider)
@@ -108,7 +121,8 @@ class ExtenderService:
             all_observers.append(self.expander.observe)
         self.handlers = Handlers(self.state, self.binder, self.metrics, unsynced=self.unsynced,
                                  observers=all_observers, deadline=settings.deadline,
-                                 gate=self.preemptor.filter_gate if self.preemptor is not None else None)
+                                 gate=self.preemptor.filter_gate if self.preemptor is not None else None,
+                                 fence=self.defragmenter.restrict if self.defragmenter is not None else None)
         self.metrics.on_scrape(self.refresh_gauges)
         self.metrics.registry.register(StrandedCollector(self.caches["pods"], self.caches["nodes"]))
 
@@ -135,6 +149,10 @@ class ExtenderService:
         gc.freeze()
         log.info("caches synced", extra={"caches": sorted(self.caches)})
 
+    async def _defrag_after_sync(self, defragmenter: Defragmenter) -> None:
+        await asyncio.gather(*(cache.synced.wait() for cache in self.caches.values()))
+        await defragmenter.run()
+
     def app(self) -> web.Application:
         return create_app(self.handlers, prefix=self.settings.prefix)
 
@@ -148,6 +166,9 @@ class ExtenderService:
             tasks.append(asyncio.create_task(self.expander.run(), name="expander"))
         if self.status_writer is not None:
             tasks.append(asyncio.create_task(self.status_writer.run(), name="gpu-status"))
+        if self.defragmenter is not None and self.defrag_lease is not None:
+            tasks.append(asyncio.create_task(self.defrag_lease.run(), name="defrag-lease"))
+            tasks.append(asyncio.create_task(self._defrag_after_sync(self.defragmenter), name="defrag"))
         tasks.append(asyncio.create_task(self._freeze_after_sync(), name="gc-freeze"))
         await self.recorder.start()
         ssl_context = None
