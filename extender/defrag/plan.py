@@ -26,9 +26,9 @@ from typing import Any
 from extender.contract import GPU_IDS, NATIVE_GPU_RESOURCES, POD_INDEX
 from extender.defrag.config import DefragConfig
 from extender.ledger import Allocation
+from extender.lifecycle.removal import DO_NOT_DISRUPT_LABEL
 from extender.state import ClusterState, PlacementError, Reservation, pod_key
 
-DO_NOT_DISRUPT_LABEL = "tensor-fusion.ai/do-not-disrupt"
 SIMULATION_UID_PREFIX = "defrag-simulation/"
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -225,10 +225,10 @@ def node_skip(node: str, snapshot: Snapshot, workers: Sequence[Allocation], now:
     if do_not_disrupt(node_obj):
         return Skip(node, SkipReason.DO_NOT_DISRUPT, f"node {node} is labelled {DO_NOT_DISRUPT_LABEL}=true")
     pods = [p for p in snapshot.pods_by_node.get(node, ()) if _live(p)]
-    worker_uids = {a.uid for a in workers}
-    by_uid = {str((p.get("metadata") or {}).get("uid")): p for p in pods}
+    worker_keys = {a.pod_key for a in workers}
+    by_key = {pod_key(p): p for p in pods}
     for pod in sorted(pods, key=pod_key):
-        if str((pod.get("metadata") or {}).get("uid")) in worker_uids:
+        if pod_key(pod) in worker_keys:
             continue
         resource = native_gpu_resource(pod)
         if resource is not None:
@@ -236,7 +236,7 @@ def node_skip(node: str, snapshot: Snapshot, workers: Sequence[Allocation], now:
             return Skip(node, SkipReason.NATIVE_GPU_POD,
                         f"pod {key} on node {node} uses {resource} outside tensor-fusion", key)
     for worker in sorted(workers, key=lambda a: a.pod_key):
-        found = by_uid.get(worker.uid)
+        found = by_key.get(worker.pod_key)
         if found is None:  # a bind in flight: the pod has only just been placed here
             return Skip(node, SkipReason.YOUNG_WORKER, f"pod {worker.pod_key} is being placed on node {node}",
                         worker.pod_key)
@@ -283,7 +283,7 @@ def _place_node(state: ClusterState, source: NodeUse, workers: Sequence[Allocati
     moves: list[Move] = []
     held: list[Reservation] = []
     for worker in sorted(workers, key=_size):
-        sim = simulation_pod(pods[worker.uid])
+        sim = simulation_pod(pods[worker.pod_key])
         ranked = state.rank(sim, targets)
         placed = False
         for target in ranked:
@@ -318,10 +318,11 @@ def plan_pool(state: ClusterState, pool: str, config: DefragConfig, snapshot: Sn
             if wanted is not None and node not in wanted:
                 continue
             use = uses[node]
-            pods = {str((p.get("metadata") or {}).get("uid")): p for p in snapshot.pods_by_node.get(node, ())}
+            # workers are matched to pod objects by namespace/name: a snapshot's pods may have no uid
+            pods = {pod_key(p): p for p in snapshot.pods_by_node.get(node, ())}
             # a worker already on its way out (evicted earlier, terminating) needs no move
             workers = [w for w in workers_on(state, node)
-                       if not ((pods.get(w.uid) or {}).get("metadata") or {}).get("deletionTimestamp")]
+                       if not ((pods.get(w.pod_key) or {}).get("metadata") or {}).get("deletionTimestamp")]
             if not workers:
                 continue
             skip = node_skip(node, snapshot, workers, now, config.max_duration)
@@ -343,14 +344,3 @@ def plan_pool(state: ClusterState, pool: str, config: DefragConfig, snapshot: Sn
         for reservation in held:
             state.release(reservation)
     return Plan(pool, tuple(candidates), tuple(moves), tuple(skips), fenced)
-
-
-def actions(plan: Plan) -> list[dict[str, Any]]:
-    """The plan as ``tf-extender plan`` lines: one "evict" per move, one "skip" per node left alone."""
-    out: list[dict[str, Any]] = [
-        {"action": "evict", "pool": plan.pool, "pod": m.pod, "from": m.source, "to": m.target,
-         "reason": m.reason}
-        for m in plan.moves
-    ]
-    out.extend({"action": "skip", "pool": plan.pool, "node": s.node, "reason": s.message} for s in plan.skips)
-    return out

@@ -23,6 +23,7 @@ from extender.inventory import object_name
 from extender.lifecycle.removal import DEFAULT_PROTECTION_SECONDS
 from extender.plan import Planner, plan
 from extender.plan.compaction import plan_compaction
+from extender.plan.defrag import plan_defrag
 from extender.plan.inputs import Inputs
 from extender.plan.provisioning import plan_launches
 from extender.simulate import load_cluster, read_objects
@@ -70,6 +71,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instance types over the built-in catalog (a file or a ConfigMap manifest)")
     parser.add_argument("--now", metavar="RFC3339", default=None,
                         help="the time to plan at, for node ages (default: now)")
+    parser.add_argument("--defrag", action="store_true",
+                        help="also plan defragmentation: the evictions a run would make now in pools that "
+                             "enable it, and the candidate nodes it would leave as they are")
     parser.add_argument("--protection-time", type=float, default=DEFAULT_PROTECTION_SECONDS,
                         metavar="SECONDS",
                         help="empty nodes younger than this are never released (default 300)")
@@ -94,6 +98,8 @@ def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = Non
         print(f"tf-extender plan: {exc}", file=sys.stderr)
         return 2
     inputs = snapshot_inputs(objects, now=now, catalog=catalog, protection_seconds=args.protection_time)
-    for action in plan(inputs, DEFAULT_PLANNERS if planners is None else planners):
+    if planners is None:
+        planners = [*DEFAULT_PLANNERS, *([plan_defrag] if getattr(args, "defrag", False) else [])]
+    for action in plan(inputs, planners):
         print(json.dumps(action.as_json()))
     return 0

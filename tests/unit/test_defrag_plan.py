@@ -3,22 +3,39 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 import pytest
+import yaml
 from defrag_fixtures import NOW_TEXT, TF, four_nodes, gpus, node, pdb, pool, worker
 
 from extender.defrag.config import parse_config
-from extender.defrag.offline import defrag_actions, snapshot_of, with_uids
-from extender.defrag.plan import SkipReason, candidate_nodes, plan_pool, pool_nodes, selector_matches
+from extender.defrag.plan import (
+    SkipReason,
+    Snapshot,
+    candidate_nodes,
+    plan_pool,
+    pool_nodes,
+    selector_matches,
+)
+from extender.plan import plan
+from extender.plan.cli import snapshot_inputs
+from extender.plan.defrag import plan_defrag
 from extender.simulate import load_cluster
 from extender.state import ClusterState
 
 NOW = dt.datetime.fromisoformat(NOW_TEXT)
 
 
+def snapshot_of(objects: list[dict[str, Any]]) -> Snapshot:
+    inputs = snapshot_inputs(objects, now=NOW)
+    from extender.plan.defrag import snapshot_of as of_inputs
+
+    return of_inputs(inputs)
+
+
 def plan_of(objects: list[dict[str, Any]], pool_name: str = "p"):
-    objects = with_uids(objects)
     state = ClusterState()
     load_cluster(state, objects)
     config = parse_config(next(o for o in objects if o["kind"] == "GPUPool" and
@@ -56,7 +73,7 @@ def test_threshold_decides_the_candidates():
 
 
 def test_planning_leaves_the_state_as_it_was():
-    objects = with_uids(four_nodes())
+    objects = four_nodes()
     state = ClusterState()
     load_cluster(state, objects)
     before = (state.gpu_usage(), sorted(a.uid for a in state.allocations()))
@@ -197,7 +214,7 @@ def test_pdb_selector(selector, labels, expected):
 
 
 def test_candidates_are_used_nodes_at_or_below_the_threshold():
-    objects = with_uids(four_nodes())
+    objects = four_nodes()
     objects += [node("empty"), *gpus("empty")]
     state = ClusterState()
     load_cluster(state, objects)
@@ -213,12 +230,25 @@ def test_offline_actions_are_the_plan_lines():
     objects = four_nodes()
     objects = replace_obj(objects, "Node", "light-b", node("light-b", unschedulable=True))
     objects += [pool("off", enabled=False), pool("broken", timezone="Mars/Olympus")]
-    lines = defrag_actions(objects, NOW)
+    lines = [a.as_json() for a in plan(snapshot_inputs(objects, now=NOW), [plan_defrag])]
     assert lines == [
-        {"action": "skip", "pool": "broken", "node": None,
+        {"action": "skip", "pool": "broken",
          "reason": "spec.nodeManagerConfig.nodeCompaction.defrag.timezone 'Mars/Olympus' is not a known IANA "
                    "time zone"},
         {"action": "evict", "pool": "p", "pod": "ml/light-a-w0", "from": "light-a", "to": "heavy-b",
          "reason": "node light-a has 1/4 GPUs in use (25% <= 40%)"},
         {"action": "skip", "pool": "p", "node": "light-b", "reason": "node light-b is cordoned"},
     ]
+
+
+def test_plan_command_prints_defrag_lines_only_when_asked(tmp_path, capsys):
+    from extender.cli import main
+
+    snapshot = tmp_path / "cluster.yaml"
+    snapshot.write_text(yaml.safe_dump_all(four_nodes()))
+    assert main(["plan", "--cluster", str(snapshot), "--now", NOW_TEXT, "--defrag"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(x["action"], x.get("pod"), x.get("to")) for x in lines if x["action"] in ("evict", "skip")] == [
+        ("evict", "ml/light-a-w0", "heavy-b"), ("evict", "ml/light-b-w0", "heavy-b")]
+    assert main(["plan", "--cluster", str(snapshot), "--now", NOW_TEXT]) == 0
+    assert "evict" not in capsys.readouterr().out

@@ -13,7 +13,6 @@ from prometheus_client import CollectorRegistry
 
 from extender.defrag.config import parse_config
 from extender.defrag.metrics import DefragMetrics
-from extender.defrag.offline import with_uids
 from extender.defrag.runner import (
     MANUAL_TRIGGER_ANNOTATION,
     Defragmenter,
@@ -115,7 +114,6 @@ class FakeCluster:
 
 def setup(objects: list[dict[str, Any]], **kw: Any) -> tuple[Defragmenter, FakeCluster, Recorder, Clock,
                                                              DefragMetrics]:
-    objects = with_uids(objects)
     state = ClusterState()
     load_cluster(state, objects)
     cluster = FakeCluster(objects, state)
