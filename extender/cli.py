@@ -10,6 +10,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from extender.expansion import config as expansion_config
+from extender.expansion import provisioner as autoscaler_config
 from extender.state import InventorySource
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="how long a defragmentation run waits for an evicted pod's replacement to be "
                             "bound before it stops (default 300)")
     expansion_config.add_arguments(serve)
+    autoscaler_config.add_arguments(serve)
 
     simulate = commands.add_parser("simulate", help="place pods on a cluster snapshot, offline")
     try:
@@ -112,6 +114,7 @@ def serve(args: argparse.Namespace) -> int:
         preemptor=not args.no_preemptor, expansion=expansion_config.from_args(args),
         gpu_status=StatusSettings(interval=args.gpu_status_interval) if args.write_gpu_status else None,
         defrag=args.defrag, defrag_replacement_timeout=args.defrag_replacement_timeout,
+        autoscaler=autoscaler_config.from_args(args),
     )
     try:
         asyncio.run(_run(ExtenderService(api_client, settings)))

@@ -32,6 +32,8 @@ from extender.defrag.runner import Defragmenter
 from extender.expansion.config import ExpansionConfig
 from extender.expansion.kubeport import kube_expander
 from extender.expansion.lease import LeaseKeeper
+from extender.expansion.placeholder_port import attach_placeholders
+from extender.expansion.provisioner import AutoscalerConfig
 from extender.gpustatus import GPUStatusWriter, KubeStatusApi, StatusSettings
 from extender.kube import resources
 from extender.kube.events import EventRecorder
@@ -39,6 +41,7 @@ from extender.kube.informer import WatchCache
 from extender.kube.pods import KubePodApi
 from extender.metrics import Metrics, NodeUse, PoolUse
 from extender.preemptor import Preemptor
+from extender.reservations import ReservationKeeper
 from extender.server import DEFAULT_DEADLINE, DEFAULT_PREFIX, FilterObserver, Handlers, create_app
 from extender.state import ClusterState, InventorySource, Kind
 from extender.stranded import StrandedCollector
@@ -66,6 +69,7 @@ class Settings:
     defrag: bool = True
     defrag_replacement_timeout: float = 300.0
     defrag_tick: float = 5.0
+    autoscaler: AutoscalerConfig = field(default_factory=AutoscalerConfig)
 
 
 def build_caches(api_client: client.ApiClient, state: ClusterState,
@@ -114,6 +118,12 @@ class ExtenderService:
                 api_client, self.caches, self.state, self.recorder, self.metrics.registry,
                 lease_namespace=settings.expansion.lease_namespace,
                 replacement_timeout=settings.defrag_replacement_timeout, tick_seconds=settings.defrag_tick)
+        if self.expander is not None:
+            attach_placeholders(self.expander, settings.autoscaler, api_client, self.caches["pods"])
+        self.reservations = (ReservationKeeper(settings.autoscaler, api_client, self.state,
+                                               self.caches["nodes"], self._all_synced,
+                                               self.metrics.registry)
+                             if settings.autoscaler.reservations else None)
         all_observers = list(observers)
         if self.preemptor is not None:
             all_observers.append(self.preemptor.consider)
@@ -169,6 +179,8 @@ class ExtenderService:
         if self.defragmenter is not None and self.defrag_lease is not None:
             tasks.append(asyncio.create_task(self.defrag_lease.run(), name="defrag-lease"))
             tasks.append(asyncio.create_task(self._defrag_after_sync(self.defragmenter), name="defrag"))
+        if self.reservations is not None:
+            tasks.append(asyncio.create_task(self.reservations.run(), name="gpu-reservations"))
         tasks.append(asyncio.create_task(self._freeze_after_sync(), name="gc-freeze"))
         await self.recorder.start()
         ssl_context = None

@@ -631,6 +631,16 @@ class ClusterState:
         """Every allocation that counts (bound pods, then reservations of binds in flight)."""
         return self._ledger.allocations()
 
+    @property
+    def version(self) -> int:
+        """Moves whenever a node's allocations or GPUs change (to notice changes without diffing)."""
+        return self._tick
+
+    def held_gpus(self) -> dict[str, str]:
+        """GPU name -> node, for every GPU that a bound pod (not a bind in flight) holds a share of."""
+        return {gpu: a.node for a in self._ledger.allocations() if self._ledger.bound(a.uid) is a
+                for gpu in a.gpu_ids}
+
     def gpu_usage(self) -> dict[str, tuple[Fraction, int]]:
         """Allocated TFLOPS and VRAM per known GPU."""
         return {

@@ -38,6 +38,8 @@ from extender.expansion.detect import (
 )
 from extender.expansion.inflight import Departure, InFlight, LeaveReason, PodRef
 from extender.expansion.metrics import ExpansionMetrics
+from extender.expansion.placeholders import Placeholders
+from extender.expansion.provisioner import Provisioner
 from extender.state import FilterOutcome
 
 log = logging.getLogger(__name__)
@@ -120,6 +122,8 @@ class Expander:
         self._order = itertools.count()
         self._slot_waiters: dict[str, Queued] = {}
         self._wake = asyncio.Event()
+        # Placeholder pods for the Cluster Autoscaler (extender.expansion.placeholders); None: Karpenter only.
+        self.placeholders: Placeholders | None = None
 
     # -- the filter's side: sync, cheap, never raises ----------------------------------------------
 
@@ -135,7 +139,11 @@ class Expander:
         self.notice(pod, outcome, [*outcome.fits, *outcome.failed, *outcome.unresolvable])
 
     def _notice(self, pod: dict[str, Any], outcome: FilterResult, candidate_nodes: list[str]) -> None:
-        if not self.config.enabled or not is_capacity_only(outcome, candidate_nodes):
+        if not self.config.enabled:
+            return
+        if not is_capacity_only(outcome, candidate_nodes):
+            if self.placeholders is not None and len(self.placeholders):
+                self.placeholders.not_capacity_only(PodRef.of(pod).uid)
             return
         ref = PodRef.of(pod)
         if ref.uid in self.flagged:
@@ -170,6 +178,8 @@ class Expander:
     async def run(self) -> None:
         """Run until cancelled: caches, the lease, and the queue."""
         await self.port.start()
+        if self.placeholders is not None:
+            await self.placeholders.start()
         leader_task = asyncio.create_task(self.leader.run(), name="expander-lease")
         try:
             self.adopt_existing_claims()
@@ -182,6 +192,8 @@ class Expander:
             leader_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await leader_task
+            if self.placeholders is not None:
+                await self.placeholders.stop()
             await self.port.stop()
 
     def _sleep_for(self) -> float:
@@ -204,6 +216,13 @@ class Expander:
             except Exception:
                 log.exception("expansion failed", extra={"pod": str(entry.pod)})
                 self.flagged.forget(entry.pod.uid)
+        if self.placeholders is not None:
+            try:
+                await self.placeholders.settle()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("settling placeholder pods failed")
 
     def adopt_existing_claims(self) -> None:
         """After a restart: claims this project created that still wait for their node count as in flight."""
@@ -223,6 +242,12 @@ class Expander:
     async def _process(self, entry: Queued) -> None:
         ref, request = entry.pod, entry.request
         pod = await self.port.read_pod(ref.namespace, ref.name)
+        provisioner = (self.placeholders.provisioner(self.port.gpupool(request.pool))
+                       if self.placeholders is not None else Provisioner.KARPENTER)
+        to_autoscaler = provisioner is Provisioner.CLUSTER_AUTOSCALER
+        if pod is not None and self.placeholders is not None and to_autoscaler:
+            await self.placeholders.provide(pod, request, entry.candidates)
+            return
         decision = decide(pod, ref.uid, request, entry.candidates, self.port, self.inflight, self._new_id())
         if isinstance(decision, Skip) or pod is None:
             log.info("expansion skipped", extra={"pod": str(ref), "reason": getattr(decision, "reason", "")})
@@ -242,7 +267,10 @@ class Expander:
         elif isinstance(decision, LeaveToKarpenter):
             self.port.record(pod, REASON_SKIPPED, decision.message)
         elif isinstance(decision, NoTemplate):
-            self.port.record(pod, REASON_FAILED, decision.message, "Warning")
+            if self.placeholders is not None and provisioner is Provisioner.AUTO:
+                await self.placeholders.provide(pod, request, entry.candidates)
+            else:
+                self.port.record(pod, REASON_FAILED, decision.message, "Warning")
         elif isinstance(decision, Create):
             await self._create(pod, entry, decision)
 

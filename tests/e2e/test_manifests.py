@@ -207,6 +207,10 @@ def test_shipped_rbac_grants_what_the_components_need_and_no_more(api_client, dy
         assert can("tensor-fusion-scheduler", verb, res, group, ns="default", sub=sub)
     # the scheduler's own lease
     assert can("tensor-fusion-scheduler", "create", "leases", "coordination.k8s.io", ns=PROJECT_NS)
+    # Cluster Autoscaler placeholder and GPU reservation pods: in the project's namespace only
+    assert can("tensor-fusion-scheduler", "create", "pods", "", ns=PROJECT_NS)
+    assert can("tensor-fusion-scheduler", "delete", "pods", "", ns=PROJECT_NS)
+    assert not _can(api_client, "tensor-fusion-scheduler", "create", "pods", "", ns="default")
     # webhook
     for verb, res, group in [
         ("get", "gpupools", "tensor-fusion.ai"),

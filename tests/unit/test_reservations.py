@@ -1,0 +1,88 @@
+"""GPU reservation pods: which GPUs get one, what one looks like, and how the set is kept exact."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from extender.expansion.placeholder_pods import (
+    NVIDIA_GPU,
+    RESERVATION_LABEL,
+    RESERVED_GPU,
+    SAFE_TO_EVICT,
+    reservation_body,
+    reservation_name,
+)
+from extender.reservations import plan, wanted
+
+NS = "tensor-fusion-system"
+
+
+def node(name: str, gpus: str | None = "4") -> dict[str, Any]:
+    allocatable = {"cpu": "8"} | ({NVIDIA_GPU: gpus} if gpus is not None else {})
+    return {"metadata": {"name": name, "uid": f"uid-{name}"}, "status": {"allocatable": allocatable}}
+
+
+def existing(gpu: str, node_name: str, phase: str = "Running", deleting: bool = False) -> dict[str, Any]:
+    body = reservation_body(gpu, node(node_name), namespace=NS, image="pause", priority_class="pc")
+    body["metadata"]["uid"] = f"uid-{body['metadata']['name']}"
+    body["status"] = {"phase": phase}
+    if deleting:
+        body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return body
+
+
+def test_a_reservation_pod_is_bound_to_its_node_and_holds_one_gpu() -> None:
+    body = reservation_body("node-a-gpu-0", node("node-a"), namespace=NS, image="pause",
+                            priority_class="tensor-fusion-gpu-reservation")
+    meta, spec = body["metadata"], body["spec"]
+    assert meta["namespace"] == NS and meta["labels"][RESERVATION_LABEL] == "true"
+    assert meta["annotations"] == {RESERVED_GPU: "node-a-gpu-0", SAFE_TO_EVICT: "false"}
+    assert meta["ownerReferences"] == [{"apiVersion": "v1", "kind": "Node", "name": "node-a",
+                                        "uid": "uid-node-a", "controller": False,
+                                        "blockOwnerDeletion": False}]
+    assert spec["nodeName"] == "node-a"  # bound directly: no scheduler, never in a bind's way
+    assert spec["containers"][0]["resources"] == {"requests": {NVIDIA_GPU: "1"}, "limits": {NVIDIA_GPU: "1"}}
+    assert spec["tolerations"] == [{"operator": "Exists"}]
+    assert spec["priorityClassName"] == "tensor-fusion-gpu-reservation"
+
+
+@given(st.text(min_size=1, max_size=300))
+def test_reservation_names_are_stable_valid_and_distinct_per_gpu(gpu: str) -> None:
+    name = reservation_name(gpu)
+    assert name == reservation_name(gpu)
+    assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name)
+    assert name != reservation_name(gpu + "x")
+
+
+def test_only_held_gpus_on_nodes_advertising_nvidia_gpu_are_reserved() -> None:
+    nodes = {"a": node("a"), "b": node("b", gpus=None), "c": node("c", gpus="1")}
+    held = {"a-g0": "a", "a-g1": "a", "b-g0": "b", "c-g1": "c", "c-g0": "c", "x-g0": "x"}
+    assert wanted(held, nodes.get) == {"a-g0": "a", "a-g1": "a", "c-g0": "c"}
+
+
+def test_the_plan_creates_missing_deletes_stale_and_replaces_refused_pods() -> None:
+    want = {"a-g0": "a", "a-g1": "a", "b-g0": "b", "moved": "b"}
+    pods = [existing("a-g0", "a"), existing("gone", "a"), existing("moved", "a"),
+            existing("b-g0", "b", phase="Failed"), existing("a-g1", "a", deleting=True)]
+    todo = plan(want, pods)
+    assert todo.create == []  # a-g1 waits for its terminating pod; "moved" waits for its deletion
+    whys = {name: why for name, _, why in todo.delete}
+    assert whys == {reservation_name("gone"): "no pod holds a share of its GPU any more",
+                    reservation_name("moved"): "its GPU is on node b now",
+                    reservation_name("b-g0"): "the node refused it"}
+    after = [existing("a-g0", "a")]
+    assert plan(want, after).create == [("a-g1", "a"), ("b-g0", "b"), ("moved", "b")]
+    assert plan(want, after, failed_recently=lambda gpu: gpu == "b-g0").create == [("a-g1", "a"),
+                                                                                  ("moved", "b")]
+
+
+def test_after_a_restart_the_same_ledger_gives_the_same_pods() -> None:
+    want = {"a-g0": "a", "a-g1": "a"}
+    pods = [existing(gpu, n) for gpu, n in want.items()]
+    todo = plan(want, pods)
+    assert todo.create == [] and todo.delete == []
+    assert plan({}, pods).create == [] and len(plan({}, pods).delete) == 2
