@@ -35,11 +35,12 @@ NODE_CLASS = {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": "de
 # --- the extender --------------------------------------------------------------------------------
 
 
-def extender_flags(lease_namespace: str, *, delay: float = 1.0, max_in_flight: int = 15) -> dict[str, Any]:
+def extender_flags(lease_namespace: str, *, delay: float = 1.0, max_in_flight: int = 15,
+                   **extra: Any) -> dict[str, Any]:
     """``tf-extender serve`` flags for these tests: short expansion delays, a lease of their own."""
     return {
         "expansion_delay": delay, "max_inflight_nodes": max_in_flight, "expansion_claim_timeout": 600,
-        "expansion_lease_namespace": lease_namespace,
+        "expansion_lease_namespace": lease_namespace, **extra,
     }
 
 
@@ -330,7 +331,9 @@ def test_pod_whose_node_selector_matches_no_node_makes_no_claim(api_client, name
 
 def test_gpu_nodes_not_owned_by_karpenter_fail_without_a_claim(api_client, namespace, karpenter,
                                                                run_extender):
-    run_extender(delay=1)
+    # Karpenter only: with the default (auto) such a pod gets a Cluster Autoscaler placeholder instead
+    # (tests/e2e/test_autoscaler_pods.py).
+    run_extender(delay=1, node_provisioner="karpenter")
     karpenter.gpu_node(f"plain-{karpenter.group}", {INSTANCE_TYPE: "gpu-a100-1"})
     filler = create_pod(api_client, namespace, gpu_pod("filler", karpenter.group, "60Gi"))
     cpl.wait_for_pod_bound(api_client, namespace, filler["name"], timeout=60)
