@@ -16,7 +16,9 @@ Fixtures (all session scoped unless noted):
 - ``kube_scheduler`` kube-scheduler with manifests/scheduler/kube-scheduler-config.yaml, kubeconfig and
                       extender urlPrefix rewritten, leader election off; ManagedProcess (.port = secure port)
 - ``kwok``           kwok managing Nodes annotated kwok.x-k8s.io/node=fake; ManagedProcess
-- ``cluster``        control_plane with kwok and kube_scheduler running
+- ``kube_controller_manager`` kube-controller-manager with the controllers the suite needs (ReplicaSet,
+                      Deployment, Job, disruption, garbage collector, namespace); ManagedProcess
+- ``cluster``        control_plane with kwok, kube_scheduler and kube_controller_manager running
 - ``webhook``        ``tf-webhook serve`` on loopback with a serving certificate from
                       ``tf-certs generate``, the shipped MutatingWebhookConfiguration (clientConfig.url
                       pointed at it, caBundle set by ``tf-certs patch-webhook``), the shipped
@@ -185,7 +187,14 @@ def kwok(control_plane, e2e_binaries):
 
 
 @pytest.fixture(scope="session")
-def cluster(control_plane, kwok, kube_scheduler):
+def kube_controller_manager(control_plane, e2e_binaries):
+    proc = cpl.start_controller_manager(control_plane, e2e_binaries["kube-controller-manager"])
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(control_plane, kwok, kube_scheduler, kube_controller_manager):
     return control_plane
 
 
@@ -197,9 +206,12 @@ def namespace(api_client):
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     core.create_namespace({"metadata": {"name": name}})
     yield name
-    # there is no namespace controller (no kube-controller-manager): delete the pods, keep the namespace
+    # pods first, at once (their GPUs are free for the next test); kube-controller-manager's namespace
+    # controller removes the rest (Deployments, Jobs, PDBs ...) with the namespace
     with contextlib.suppress(Exception):  # best effort
         core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    with contextlib.suppress(Exception):  # best effort
+        core.delete_namespace(name)
 
 
 @pytest.fixture

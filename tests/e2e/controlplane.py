@@ -1,6 +1,6 @@
 """A real, local Kubernetes control plane for the end-to-end tests.
 
-etcd, kube-apiserver, kube-scheduler and kwok are built from the Go module proxy by
+etcd, kube-apiserver, kube-scheduler, kube-controller-manager and kwok are built from the Go module proxy by
 ``tests/e2e/build-control-plane.sh`` (cached outside the repo) and run here on loopback, each in its own
 process group, with stdout/stderr in ``<workdir>/logs/<name>.log``.
 
@@ -688,6 +688,56 @@ def start_scheduler(
             return r.read().decode() == "ok"
 
     wait_until(ready, timeout, interval=0.5, what=f"{name} /readyz")
+    proc.port = port  # type: ignore[attr-defined]
+    return proc
+
+
+# The controllers the suite needs: owners recreate evicted pods (ReplicaSet, Deployment, Job), PDB status
+# (disruption) lets the Eviction API allow evictions, deleted owners take their pods along (garbage
+# collector), deleted namespaces are emptied (namespace). Everything else (node lifecycle, service accounts,
+# CSRs ...) stays off: there are no kubelets and pods need no tokens.
+CONTROLLERS = ("replicaset-controller", "deployment-controller", "job-controller", "disruption-controller",
+               "garbage-collector-controller", "namespace-controller")
+
+
+def start_controller_manager(cp: ControlPlane, binary: Path, controllers: Iterable[str] = CONTROLLERS,
+                             name: str = "kube-controller-manager", timeout: float = 90) -> ManagedProcess:
+    """kube-controller-manager running ``controllers``, with a client certificate of its own
+    (system:kube-controller-manager in system:masters: one identity for every controller)."""
+    kubeconfig = cp.kubeconfig_for("system:kube-controller-manager", ["system:masters"],
+                                   name="kube-controller-manager")
+    port = free_port()
+    proc = cp.registry.start(
+        name,
+        [
+            binary,
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--authentication-skip-lookup=true",
+            f"--client-ca-file={cp.client_ca.cert}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={cp.workdir / (name + '-certs')}",
+            f"--controllers={','.join(controllers)}",
+            "--leader-elect=false",
+            # recreate and re-count quickly on a small test cluster
+            "--concurrent-replicaset-syncs=5",
+            "--concurrent-deployment-syncs=5",
+            "--v=2",
+        ],
+        cp.log_dir,
+    )
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+
+    def ready() -> bool:
+        proc.check_alive()
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", timeout=2, context=ctx) as r:
+            return r.read().decode() == "ok"
+
+    wait_until(ready, timeout, interval=0.5, what=f"{name} /healthz")
     proc.port = port  # type: ignore[attr-defined]
     return proc
 

@@ -1,6 +1,7 @@
 """``make demo``: the whole product on a local control plane, with a small GPU cluster and sample pods.
 
-It starts etcd, kube-apiserver, kwok (playing kubelet), tf-webhook, tf-extender and kube-scheduler with the
+It starts etcd, kube-apiserver, kube-controller-manager, kwok (playing kubelet), tf-webhook, tf-extender and
+kube-scheduler with the
 project's own configuration, creates three pools (one per placement mode) over nodes with GPUs of three
 models, submits sample pods through the API server one by one, and prints where each landed and how full
 each node is. ``--once`` checks every placement against the expected one and exits (0 when all match);
@@ -119,13 +120,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def start_everything(workdir: Path) -> cpl.ControlPlane:
-    step("building or reusing etcd, kube-apiserver, kube-scheduler and kwok")
+    step("building or reusing etcd, kube-apiserver, kube-scheduler, kube-controller-manager and kwok")
     binaries = cpl.build_binaries()
     step("starting etcd and kube-apiserver")
     cp = cpl.ControlPlane(workdir, binaries)
     cp.start()
     api = cp.api_client()
     cpl.apply_crds(api, cpl.project_crd_files())
+    step("starting kube-controller-manager (ReplicaSets, Deployments, Jobs, PDBs, garbage collection)")
+    cpl.start_controller_manager(cp, binaries["kube-controller-manager"])
     step("starting kwok (plays kubelet for the demo's nodes)")
     cpl.start_kwok(cp, binaries["kwok"], binaries["kwok-stages"])
     step("starting tf-webhook (certificates from tf-certs) and registering it")
