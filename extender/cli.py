@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from extender.expansion import config as expansion_config
 from extender.expansion import provisioner as autoscaler_config
+from extender.lifecycle import config as capacity_config
 from extender.state import InventorySource
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "bound before it stops (default 300)")
     expansion_config.add_arguments(serve)
     autoscaler_config.add_arguments(serve)
+    capacity_config.add_arguments(serve)
 
     simulate = commands.add_parser("simulate", help="place pods on a cluster snapshot, offline")
     try:
@@ -115,6 +117,7 @@ def serve(args: argparse.Namespace) -> int:
         gpu_status=StatusSettings(interval=args.gpu_status_interval) if args.write_gpu_status else None,
         defrag=args.defrag, defrag_replacement_timeout=args.defrag_replacement_timeout,
         autoscaler=autoscaler_config.from_args(args),
+        capacity=capacity_config.from_args(args, lease_namespace=args.expansion_lease_namespace),
     )
     try:
         asyncio.run(_run(ExtenderService(api_client, settings)))

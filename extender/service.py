@@ -39,6 +39,8 @@ from extender.kube import resources
 from extender.kube.events import EventRecorder
 from extender.kube.informer import WatchCache
 from extender.kube.pods import KubePodApi
+from extender.lifecycle.config import CapacityConfig
+from extender.lifecycle.controllers import CapacityControllers
 from extender.metrics import Metrics, NodeUse, PoolUse
 from extender.preemptor import Preemptor
 from extender.reservations import ReservationKeeper
@@ -70,6 +72,7 @@ class Settings:
     defrag_replacement_timeout: float = 300.0
     defrag_tick: float = 5.0
     autoscaler: AutoscalerConfig = field(default_factory=AutoscalerConfig)
+    capacity: CapacityConfig = field(default_factory=lambda: CapacityConfig(enabled=False))
 
 
 def build_caches(api_client: client.ApiClient, state: ClusterState,
@@ -124,6 +127,10 @@ class ExtenderService:
                                                self.caches["nodes"], self._all_synced,
                                                self.metrics.registry)
                              if settings.autoscaler.reservations else None)
+        self.capacity = (CapacityControllers(
+            settings.capacity, api_client, self.state, nodes=self.caches["nodes"],
+            pools=self.caches["gpupools"], pods=self.caches["pods"], recorder=self.recorder,
+            registry=self.metrics.registry, ready=self._all_synced) if settings.capacity.enabled else None)
         all_observers = list(observers)
         if self.preemptor is not None:
             all_observers.append(self.preemptor.consider)
@@ -181,6 +188,8 @@ class ExtenderService:
             tasks.append(asyncio.create_task(self._defrag_after_sync(self.defragmenter), name="defrag"))
         if self.reservations is not None:
             tasks.append(asyncio.create_task(self.reservations.run(), name="gpu-reservations"))
+        if self.capacity is not None:
+            tasks.append(asyncio.create_task(self.capacity.run(), name="capacity"))
         tasks.append(asyncio.create_task(self._freeze_after_sync(), name="gc-freeze"))
         await self.recorder.start()
         ssl_context = None

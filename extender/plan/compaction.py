@@ -54,7 +54,7 @@ def _autoselect(inputs: Inputs, config: PoolConfig, decisions: list[Decision], d
         if decision.needed:
             if marked:
                 yield Action("unmark", config.name, decision.reason, node=name, payload=payload)
-            if not ours:
+            if not ours and str(annotations.get(DO_NOT_DISRUPT, "")).lower() != "true":
                 yield Action("protect", config.name, decision.reason, node=name, payload=payload)
         elif decision.verdict in (Verdict.YOUNG, Verdict.RELEASE):
             if ours:

@@ -1,0 +1,90 @@
+"""The capacity controllers wired into ``tf-extender serve``: one Lease, one loop per concern."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import socket
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from extender.expansion.lease import LeaseKeeper
+from extender.kube.client import error_message
+from extender.kube.events import EventRecorder
+from extender.kube.informer import WatchCache
+from extender.lifecycle.compactor import Compactor, CompactorMetrics
+from extender.lifecycle.config import CapacityConfig
+from extender.lifecycle.live import KubePort, LiveView, ObjectStore, cancel, run_caches
+from extender.lifecycle.provisioner import Provisioner, ProvisionerMetrics
+from extender.plan import Action
+from extender.state import ClusterState
+
+log = logging.getLogger(__name__)
+
+
+class CapacityControllers:
+    def __init__(self, config: CapacityConfig, api_client: client.ApiClient, state: ClusterState, *,
+                 nodes: ObjectStore, pools: ObjectStore, pods: ObjectStore, recorder: EventRecorder,
+                 registry: CollectorRegistry, ready: Callable[[], Awaitable[None]],
+                 identity: str | None = None) -> None:
+        self.config = config
+        self.port = KubePort(api_client, recorder)
+        self.view = LiveView(config, api_client, state, nodes=nodes, pools=pools, pods=pods, port=self.port)
+        self.provisioner = Provisioner(self.view, self.port, ProvisionerMetrics(registry))
+        self.compactor = Compactor(self.view, self.port, CompactorMetrics(registry),
+                                   config.manual_window_seconds)
+        self.leader = LeaseKeeper(
+            api_client, config.lease_name, config.lease_namespace,
+            identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+            duration_seconds=config.lease_duration_seconds, renew_seconds=config.lease_renew_seconds)
+        self._ready = ready
+        self._wake: asyncio.Event | None = None
+
+    @property
+    def caches(self) -> Sequence[WatchCache]:
+        return self.view.caches
+
+    def wake(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _loop(self, name: str, reconcile: Callable[[dt.datetime], Awaitable[list[Action]]],
+                    wake: asyncio.Event | None) -> None:
+        while True:
+            if self.leader.is_leader:
+                try:
+                    await reconcile(dt.datetime.now(dt.UTC))
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.exception("%s reconcile failed", name, extra={"error": error_message(exc)})
+            if wake is None:
+                await asyncio.sleep(self.config.interval_seconds)
+                continue
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(wake.wait(), self.config.interval_seconds)
+            wake.clear()
+            await asyncio.sleep(0.5)  # let a burst of watch events settle
+
+    async def run(self) -> None:
+        self._wake = asyncio.Event()
+        self.view.set_on_change(self.wake)
+        tasks = await run_caches(self.view.caches)
+        tasks.append(asyncio.create_task(self.leader.run(), name="capacity-lease"))
+        try:
+            await self._ready()
+            await asyncio.gather(*(c.synced.wait() for c in self.view.caches))
+            log.info("capacity controllers started", extra={"lease": self.config.lease_name})
+            await asyncio.gather(
+                self._loop("provisioner", self.provisioner.reconcile, self._wake),
+                self._loop("compactor", self.compactor.reconcile, None),
+            )
+        finally:
+            await cancel(tasks)
+
+

@@ -1,0 +1,373 @@
+"""The live capacity controllers against fake API I/O: what they write, in which order, and the events."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from extender.capacity.catalog import parse_catalog
+from extender.capacity.choose import offerings
+from extender.capacity.claims import gpunodeclaim_body, nodeclaim_body
+from extender.capacity.pool import pool_config
+from extender.kube.resources import GPU_NODE_CLAIMS, GPU_POOLS, NODECLAIMS, NODES
+from extender.lifecycle.compactor import Compactor, CompactorMetrics
+from extender.lifecycle.config import CapacityConfig
+from extender.lifecycle.live import LiveView
+from extender.lifecycle.provisioner import Provisioner, ProvisionerMetrics
+from extender.state import ClusterState, Kind
+
+NOW = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+REF = {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "version": "v1alpha1", "name": "default"}
+CATALOG = """
+replaceDefaults: true
+instanceTypes:
+- {name: small.x1, gpuModel: A10G, tflopsPerGPU: "100", vramPerGPU: 24Gi, prices: {on-demand: 1.0, spot: 0.5},
+   zones: [z1]}
+"""
+
+
+class Store:
+    def __init__(self, objects: list[dict[str, Any]] = ()) -> None:  # type: ignore[assignment]
+        self.objects = {o["metadata"]["name"]: o for o in objects}
+        self.synced = asyncio.Event()
+        self.synced.set()
+
+    def get(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        return self.objects.get(name)
+
+    def list(self) -> list[dict[str, Any]]:
+        return list(self.objects.values())
+
+
+class FakePort:
+    def __init__(self, existing: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        self.calls: list[tuple[Any, ...]] = []
+        self.events: list[tuple[str, str, str, str]] = []
+        self.existing = existing
+        self.fail_nodeclaims = False
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        self.calls.append(("GET", path))
+        return {} if any(path.endswith(e) for e in self.existing) or "limit=1" in path else None
+
+    async def create(self, resource: Any, body: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(("POST", resource.plural, body))
+        if resource is NODECLAIMS and self.fail_nodeclaims:
+            raise RuntimeError("the server could not find the requested resource")
+        return {**body, "metadata": {**body["metadata"], "uid": f"uid-{body['metadata']['name']}"}}
+
+    async def patch(
+        self, resource: Any, name: str, body: dict[str, Any], subresource: str | None = None
+    ) -> None:
+        self.calls.append(("PATCH", resource.plural, name, subresource, body))
+
+    async def delete(self, resource: Any, name: str) -> bool:
+        self.calls.append(("DELETE", resource.plural, name))
+        return True
+
+    def record(self, obj: Any, reason: str, message: str, type_: str = "Normal") -> None:
+        self.events.append((obj["metadata"]["name"], reason, message, type_))
+
+
+def karpenter_pool(**capacity: Any) -> dict[str, Any]:
+    return {
+        "kind": "GPUPool",
+        "apiVersion": "tensor-fusion.ai/v1",
+        "metadata": {"name": "kp", "uid": "pool-uid"},
+        "spec": {
+            "capacityConfig": capacity,
+            "nodeManagerConfig": {
+                "provisioningMode": "Karpenter",
+                "nodeProvisioner": {
+                    "karpenterNodeClassRef": REF,
+                    "gpuNodeLabels": {"team": "ml"},
+                    "gpuTaints": [{"key": "gpu", "value": "yes"}],
+                    "gpuRequirements": [
+                        {
+                            "key": "karpenter.sh/capacity-type",
+                            "operator": "In",
+                            "values": ["OnDemand", "Spot"],
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def view_of(
+    port: FakePort,
+    pools: list[dict[str, Any]],
+    nodes: list[dict[str, Any]] = (),  # type: ignore
+    claims: list[dict[str, Any]] = (),
+    nodeclaims: list[dict[str, Any]] = (),  # type: ignore
+    tmp_catalog: str | None = None,
+) -> LiveView:
+    state = ClusterState()
+    for pool in pools:
+        state.apply(Kind.POOL, "ADDED", pool)
+    for node in nodes:
+        state.apply(Kind.NODE, "ADDED", node)
+    view = LiveView(
+        CapacityConfig(catalog_file=tmp_catalog, protection_seconds=300),
+        None,
+        state,  # type: ignore
+        nodes=Store(nodes),
+        pools=Store(pools),
+        pods=Store(),
+        port=port,
+    )  # type: ignore[arg-type]
+    view.gpunodeclaims = Store(claims)  # type: ignore[assignment]
+    view.nodeclaims = Store(nodeclaims)  # type: ignore[assignment]
+    return view
+
+
+@pytest.fixture
+def catalog_file(tmp_path: Any) -> str:
+    path = tmp_path / "catalog.yaml"
+    path.write_text(CATALOG)
+    return str(path)
+
+
+def test_claim_bodies() -> None:
+    config = pool_config(karpenter_pool())
+    (offer,) = [
+        o for o in offerings(parse_catalog(CATALOG), config.requirements) if o.capacity_type == "spot"
+    ]
+    gnc = gpunodeclaim_body(config, offer, "kp-abc")
+    assert gnc["metadata"]["labels"] == {"tensor-fusion.ai/gpupool": "kp"}
+    assert gnc["metadata"]["annotations"] == {"tensor-fusion.ai/hourly-pricing": "0.5"}
+    assert gnc["metadata"]["ownerReferences"][0]["uid"] == "pool-uid"
+    assert gnc["spec"] == {
+        "instanceType": "small.x1",
+        "capacityType": "spot",
+        "gpuDeviceOffered": 1,
+        "tflopsOffered": "100",
+        "vramOffered": "24Gi",
+        "zone": "z1",
+        "nodeClassRef": REF,
+    }
+    nc = nodeclaim_body(config, offer, "kp-abc", "gnc-uid")
+    assert nc["metadata"]["annotations"] == {"karpenter.sh/do-not-disrupt": "true"}
+    assert nc["metadata"]["ownerReferences"][0] == {
+        "apiVersion": "tensor-fusion.ai/v1",
+        "kind": "GPUNodeClaim",
+        "name": "kp-abc",
+        "uid": "gnc-uid",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    assert (
+        nc["metadata"]["labels"]["team"] == "ml" and nc["metadata"]["labels"]["nvidia.com/gpu.count"] == "1"
+    )
+    assert nc["spec"]["nodeClassRef"] == {k: REF[k] for k in ("group", "kind", "name")}
+    assert nc["spec"]["requirements"] == [
+        {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["small.x1"]},
+        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]},
+        {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["z1"]},
+    ]
+    assert nc["spec"]["taints"] == [{"key": "gpu", "value": "yes", "effect": "NoSchedule"}]
+    assert nc["spec"]["resources"] == {"requests": {"nvidia.com/gpu": "1"}}
+
+
+async def test_provisioner_creates_claims_in_order_and_counts_them_pending(catalog_file: str) -> None:
+    port = FakePort(existing={"/kwoknodeclasses/default"})
+    view = view_of(port, [karpenter_pool(minResources={"tflops": 150})], tmp_catalog=catalog_file)
+    provisioner = Provisioner(view, port, ProvisionerMetrics(CollectorRegistry()))  # type: ignore[arg-type]
+    actions = await provisioner.reconcile(NOW)
+    assert [(a.action, a.details.get("count"), a.details.get("capacityType")) for a in actions] == [
+        ("launch", 2, "spot")
+    ]
+    writes = [(c[0], c[1], c[3]) if c[0] == "PATCH" else (c[0], c[1]) for c in port.calls if c[0] != "GET"]
+    claim = (
+        ("POST", "gpunodeclaims"),
+        ("PATCH", "gpunodeclaims", "status"),
+        ("POST", "nodeclaims"),
+        ("PATCH", "gpunodeclaims", "status"),
+    )
+    assert writes == [*claim, *claim, ("PATCH", "gpupools", "status")]
+    phases = [c[4]["status"]["phase"] for c in port.calls if c[0] == "PATCH" and c[1] == "gpunodeclaims"]
+    assert phases == ["Pending", "Creating"] * 2
+    assert [e[1] for e in port.events if e[1] == "GPUNodeClaimCreated"] == ["GPUNodeClaimCreated"] * 2
+    # The claims are not in the watch cache yet: a second reconcile must not buy again.
+    port.calls.clear()
+    assert await provisioner.reconcile(NOW) == []
+    assert not [c for c in port.calls if c[0] == "POST"]
+
+
+async def test_missing_nodeclass_is_an_event_and_no_claim(catalog_file: str) -> None:
+    port = FakePort()
+    view = view_of(port, [karpenter_pool(minResources={"tflops": 150})], tmp_catalog=catalog_file)
+    provisioner = Provisioner(view, port, ProvisionerMetrics(CollectorRegistry()))  # type: ignore[arg-type]
+    await provisioner.reconcile(NOW)
+    assert not [c for c in port.calls if c[0] == "POST"]
+    assert [(e[1], e[3]) for e in port.events] == [("NodeClassNotFound", "Warning")]
+
+
+async def test_failed_nodeclaim_create_deletes_the_gpunodeclaim(catalog_file: str) -> None:
+    port = FakePort(existing={"/kwoknodeclasses/default"})
+    port.fail_nodeclaims = True
+    view = view_of(port, [karpenter_pool(minResources={"tflops": 50})], tmp_catalog=catalog_file)
+    provisioner = Provisioner(view, port, ProvisionerMetrics(CollectorRegistry()))  # type: ignore[arg-type]
+    await provisioner.reconcile(NOW)
+    assert [c[0:2] for c in port.calls if c[0] == "DELETE"] == [("DELETE", "gpunodeclaims")]
+    assert [e[1] for e in port.events if e[3] == "Warning"] == ["NodeClaimCreationFailed"]
+    assert view.created == {}
+
+
+def gfd_node(
+    name: str, pool: str, created: str = "2026-01-01T11:00:00Z", annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    return {
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "creationTimestamp": created,
+            "annotations": annotations or {},
+            "labels": {
+                "nvidia.com/gpu.count": "1",
+                "nvidia.com/gpu.product": "A10G",
+                "tensor-fusion.ai/gpupool": pool,
+            },
+        },
+    }
+
+
+async def test_phases_follow_the_nodeclaim_and_the_node(catalog_file: str) -> None:
+    port = FakePort(existing={"/kwoknodeclasses/default"})
+    claims = [
+        {
+            "kind": "GPUNodeClaim",
+            "apiVersion": "tensor-fusion.ai/v1",
+            "metadata": {"name": n, "labels": {"tensor-fusion.ai/gpupool": "kp"}},
+            "spec": {},
+            "status": {"phase": phase},
+        }
+        for n, phase in (("c-pending", "Pending"), ("c-creating", "Creating"), ("c-gone", "Bound"))
+    ]
+    nodeclaims = [
+        {"metadata": {"name": "c-pending"}, "status": {}},
+        {"metadata": {"name": "c-creating"}, "status": {"nodeName": "n1"}},
+    ]
+    view = view_of(
+        port,
+        [karpenter_pool()],
+        nodes=[gfd_node("n1", "kp")],
+        claims=claims,
+        nodeclaims=nodeclaims,
+        tmp_catalog=catalog_file,
+    )
+    provisioner = Provisioner(view, port, ProvisionerMetrics(CollectorRegistry()))  # type: ignore[arg-type]
+    await provisioner.sync_claims()
+    writes = [c for c in port.calls if c[0] in ("PATCH", "DELETE")]
+    assert writes == [
+        ("PATCH", "gpunodeclaims", "c-pending", "status", {"status": {"phase": "Creating"}}),
+        ("PATCH", "gpunodeclaims", "c-creating", None, {"spec": {"nodeName": "n1"}}),
+        ("PATCH", "gpunodeclaims", "c-creating", "status", {"status": {"phase": "Bound"}}),
+        ("DELETE", "gpunodeclaims", "c-gone"),
+    ]
+    assert ("c-gone", "NodeClaimGone") in [(e[0], e[1]) for e in port.events]
+
+
+def autoselect_pool(annotations: dict[str, str] | None = None, **capacity: Any) -> dict[str, Any]:
+    return {
+        "kind": "GPUPool",
+        "apiVersion": "tensor-fusion.ai/v1",
+        "metadata": {"name": "auto", "annotations": annotations or {}},
+        "spec": {
+            "capacityConfig": capacity,
+            "nodeManagerConfig": {"provisioningMode": "AutoSelect", "nodeCompaction": {"period": "10m"}},
+        },
+    }
+
+
+async def test_compactor_labels_surplus_protects_warm_and_respects_the_period() -> None:
+    port = FakePort()
+    nodes = [
+        gfd_node("b", "auto"),
+        gfd_node(
+            "a",
+            "auto",
+            annotations={
+                "karpenter.sh/do-not-disrupt": "true",
+                "tensor-fusion.ai/protected-by-compaction": "x",
+            },
+        ),
+    ]
+    view = view_of(port, [autoselect_pool(warmResources={"tflops": 70})], nodes=nodes)
+    compactor = Compactor(view, port, CompactorMetrics(CollectorRegistry()), 60)  # type: ignore[arg-type]
+    actions = await compactor.reconcile(NOW)
+    assert [(a.action, a.node) for a in actions] == [("unprotect", "a"), ("release", "a"), ("protect", "b")]
+    patches = [(c[2], c[4]) for c in port.calls if c[0] == "PATCH"]
+    ours = {"karpenter.sh/do-not-disrupt": None, "tensor-fusion.ai/protected-by-compaction": None}
+    assert patches == [
+        ("a", {"metadata": {"annotations": ours}}),
+        ("a", {"metadata": {"labels": {"tensor-fusion.ai/should-delete": "true"}, "annotations": ours}}),
+        (
+            "b",
+            {
+                "metadata": {
+                    "annotations": {
+                        "karpenter.sh/do-not-disrupt": "true",
+                        "tensor-fusion.ai/protected-by-compaction": "warm-or-min-capacity",
+                    }
+                }
+            },
+        ),
+    ]
+    assert [e[1] for e in port.events] == ["CompactionSurplus", "CompactionRelease", "CompactionKeep"]
+    # Within the period: no release, even though b is still surplus (the fake API changed nothing).
+    later = NOW + dt.timedelta(minutes=1)
+    assert "release" not in [a.action for a in await compactor.reconcile(later)]
+    # The manual trigger, once per timestamp.
+    stamp = later.strftime("%Y-%m-%dT%H:%M:%SZ")
+    view.pools.objects["auto"] = autoselect_pool(
+        {"tensor-fusion.ai/manual-compaction": stamp}, warmResources={"tflops": 70}
+    )
+    assert "release" in [a.action for a in await compactor.reconcile(later + dt.timedelta(seconds=5))]
+    assert "release" not in [a.action for a in await compactor.reconcile(later + dt.timedelta(seconds=10))]
+    # A stale timestamp does not trigger.
+    compactor.manual_done.clear()
+    assert "release" not in [a.action for a in await compactor.reconcile(later + dt.timedelta(minutes=3))]
+
+
+async def test_karpenter_mode_compaction_deletes_nodeclaim_and_gpunodeclaim(catalog_file: str) -> None:
+    port = FakePort()
+    claims = [
+        {
+            "kind": "GPUNodeClaim",
+            "metadata": {"name": "kp-1", "labels": {"tensor-fusion.ai/gpupool": "kp"}},
+            "spec": {},
+            "status": {"phase": "Bound"},
+        }
+    ]
+    view = view_of(
+        port,
+        [karpenter_pool()],
+        nodes=[gfd_node("n1", "kp")],
+        claims=claims,
+        nodeclaims=[{"metadata": {"name": "kp-1"}, "status": {"nodeName": "n1"}}],
+        tmp_catalog=catalog_file,
+    )
+    compactor = Compactor(view, port, CompactorMetrics(CollectorRegistry()), 60)  # type: ignore[arg-type]
+    actions = await compactor.reconcile(NOW)
+    assert [(a.action, a.node, a.details) for a in actions] == [("release", "n1", {"nodeClaim": "kp-1"})]
+    assert [c for c in port.calls if c[0] == "DELETE"] == [
+        ("DELETE", "nodeclaims", "kp-1"),
+        ("DELETE", "gpunodeclaims", "kp-1"),
+    ]
+
+
+def test_resources_used() -> None:
+    assert {GPU_NODE_CLAIMS.plural, GPU_POOLS.plural, NODECLAIMS.plural, NODES.plural} == {
+        "gpunodeclaims",
+        "gpupools",
+        "nodeclaims",
+        "nodes",
+    }
