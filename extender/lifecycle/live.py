@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -31,6 +32,7 @@ from extender.state import ClusterState
 log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
+CREATED_GRACE_SECONDS = 60.0
 
 
 class ObjectStore(Protocol):
@@ -104,7 +106,9 @@ class LiveView:
         self._catalog = DEFAULT_CATALOG
         self._catalog_error = ""
         # Claims created but not seen in the cache yet: counted as pending so a reconcile never buys twice.
+        # An entry the cache never shows (the claim was deleted at once) is dropped after a minute.
         self.created: dict[str, dict[str, Any]] = {}
+        self._created_at: dict[str, float] = {}
 
     def set_on_change(self, on_change: Callable[[], None]) -> None:
         self._on_change = on_change
@@ -163,11 +167,17 @@ class LiveView:
                 found.add((ref.group, ref.kind, ref.name))
         return frozenset(found)
 
+    def remember(self, name: str, claim: dict[str, Any]) -> None:
+        self.created[name] = claim
+        self._created_at.setdefault(name, time.monotonic())
+
     def gpunodeclaim_list(self) -> list[dict[str, Any]]:
         cached = self.gpunodeclaims.list()
         seen = {object_name(c) for c in cached}
-        for name in [n for n in self.created if n in seen]:
+        horizon = time.monotonic() - CREATED_GRACE_SECONDS
+        for name in [n for n in self.created if n in seen or self._created_at.get(n, 0.0) < horizon]:
             del self.created[name]
+            self._created_at.pop(name, None)
         return cached + list(self.created.values())
 
     def inputs(self, now: dt.datetime, catalog: Catalog,

@@ -95,7 +95,7 @@ class Provisioner:
                 message = f"{name}: {error_message(exc)}"
                 self.port.record(pool, "GPUNodeClaimCreationFailed", message, "Warning")
                 return
-            self.view.created[name] = {**claim, "status": {"phase": PENDING}}
+            self.view.remember(name, {**claim, "status": {"phase": PENDING}})
             await self._set_phase(claim, PENDING)
             try:
                 await self.port.create(NODECLAIMS, nodeclaim_body(
@@ -107,7 +107,7 @@ class Provisioner:
                 await self.port.delete(GPU_NODE_CLAIMS, name)
                 return
             await self._set_phase(claim, CREATING)
-            self.view.created[name]["status"] = {"phase": CREATING}
+            self.view.remember(name, {**claim, "status": {"phase": CREATING}})
             self.metrics.created.labels(payload.config.name, offer.instance.name, offer.capacity_type).inc()
             zone = f" in {offer.zone}" if offer.zone else ""
             self.port.record(pool, "GPUNodeClaimCreated", (
