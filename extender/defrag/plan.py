@@ -9,7 +9,8 @@ controller to recreate it, no PodDisruptionBudget covering it, or younger than `
 
 For every other candidate the extender's own placement code (``ClusterState.rank`` and ``reserve``) places
 its workers, largest first, as the scheduler would, but only on *targets*: pool nodes that are not
-candidates, not empty, not cordoned and at least as full as the candidate. Workers placed earlier in the
+candidates, not empty, not cordoned, at least as full as the candidate, and that the worker's
+nodeSelector, required node affinity and tolerations admit. Workers placed earlier in the
 plan hold their room for the later ones. A candidate any of whose workers fits on no target is left
 alone ("no-room"). The simulation's reservations are released before ``plan_pool`` returns, so the state
 is as it was.
@@ -182,6 +183,66 @@ def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, st
     return True
 
 
+def _expression_matches(expression: Mapping[str, Any], value: str | None) -> bool:
+    operator = expression.get("operator")
+    values = [str(v) for v in expression.get("values") or []]
+    if operator == "In":
+        return value is not None and value in values
+    if operator == "NotIn":
+        return value is None or value not in values
+    if operator == "Exists":
+        return value is not None
+    if operator == "DoesNotExist":
+        return value is None
+    if operator in ("Gt", "Lt") and value is not None and len(values) == 1:
+        try:
+            left, right = int(value), int(values[0])
+        except ValueError:
+            return False
+        return left > right if operator == "Gt" else left < right
+    return False
+
+
+def _tolerated(taint: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]]) -> bool:
+    for toleration in tolerations:
+        if toleration.get("effect") and toleration.get("effect") != taint.get("effect"):
+            continue
+        if toleration.get("operator") == "Exists":
+            if not toleration.get("key") or toleration.get("key") == taint.get("key"):
+                return True
+        elif toleration.get("key") == taint.get("key") and \
+                str(toleration.get("value") or "") == str(taint.get("value") or ""):
+            return True
+    return False
+
+
+def node_admits(pod: Mapping[str, Any], node: Mapping[str, Any] | None) -> bool:
+    """Whether kube-scheduler could put the pod's replacement on the node as far as node labels and taints
+    go: nodeSelector, required node affinity, NoSchedule/NoExecute taints. (GPU fit is the extender's.)"""
+    if node is None:
+        return True  # nothing known about the node: the GPU fit alone decides
+    spec = pod.get("spec") or {}
+    meta = node.get("metadata") or {}
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    for key, value in (spec.get("nodeSelector") or {}).items():
+        if labels.get(str(key)) != str(value):
+            return False
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms") or []
+    if terms and not any(
+        all(_expression_matches(e, labels.get(str(e.get("key")))) for e in term.get("matchExpressions") or [])
+        and all(_expression_matches(e, str(meta.get("name")) if e.get("key") == "metadata.name" else None)
+                for e in term.get("matchFields") or [])
+        and (term.get("matchExpressions") or term.get("matchFields"))
+        for term in terms
+    ):
+        return False
+    tolerations = spec.get("tolerations") or []
+    return all(_tolerated(t, tolerations) for t in (node.get("spec") or {}).get("taints") or []
+               if t.get("effect") in ("NoSchedule", "NoExecute"))
+
+
 def covering_pdbs(pod: Mapping[str, Any], pdbs: Iterable[Mapping[str, Any]]) -> list[str]:
     meta = pod.get("metadata") or {}
     namespace, labels = meta.get("namespace") or "default", meta.get("labels") or {}
@@ -277,14 +338,16 @@ def _size(worker: Allocation) -> tuple[int, int, str]:
 
 
 def _place_node(state: ClusterState, source: NodeUse, workers: Sequence[Allocation],
-                pods: Mapping[str, Mapping[str, Any]], targets: Sequence[str],
+                pods: Mapping[str, Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]],
+                targets: Sequence[str],
                 reason: str) -> tuple[list[Move], list[Reservation], str | None]:
     """Place the node's workers on ``targets``; on the first that fits nowhere, undo and say why."""
     moves: list[Move] = []
     held: list[Reservation] = []
     for worker in sorted(workers, key=_size):
-        sim = simulation_pod(pods[worker.pod_key])
-        ranked = state.rank(sim, targets)
+        pod = pods[worker.pod_key]
+        sim = simulation_pod(pod)
+        ranked = state.rank(sim, [t for t in targets if node_admits(pod, nodes.get(t))])
         placed = False
         for target in ranked:
             try:
@@ -334,7 +397,8 @@ def plan_pool(state: ClusterState, pool: str, config: DefragConfig, snapshot: Sn
                              and u.fullness >= use.fullness)
             reason = (f"node {node} has {use.used_gpus}/{use.gpus} GPUs in use "
                       f"({use.occupancy:.0f}% <= {threshold}%)")
-            node_moves, node_held, problem = _place_node(state, use, workers, pods, targets, reason)
+            node_moves, node_held, problem = _place_node(state, use, workers, pods, snapshot.nodes, targets,
+                                                            reason)
             if problem is not None:
                 skips.append(Skip(node, SkipReason.NO_ROOM, problem))
                 continue

@@ -252,3 +252,43 @@ def test_plan_command_prints_defrag_lines_only_when_asked(tmp_path, capsys):
         ("evict", "ml/light-a-w0", "heavy-b"), ("evict", "ml/light-b-w0", "heavy-b")]
     assert main(["plan", "--cluster", str(snapshot), "--now", NOW_TEXT]) == 0
     assert "evict" not in capsys.readouterr().out
+
+
+def test_a_worker_pinned_to_its_node_cannot_move():
+    objects = four_nodes()
+    pinned = worker("light-a-w0", "light-a", 0)
+    pinned["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "light-a"}
+    plan, _ = plan_of(replace_obj(objects, "Pod", "light-a-w0", pinned))
+    assert [(s.node, s.reason) for s in plan.skips] == [("light-a", SkipReason.NO_ROOM)]
+    assert [m.pod for m in plan.moves] == ["ml/light-b-w0"]
+
+
+TAINT = {"key": "gpu", "value": "a100", "effect": "NoSchedule"}
+
+
+def required(*terms: dict) -> dict:
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": list(terms)}}}}
+
+
+@pytest.mark.parametrize(("pod_spec", "node_labels", "taints", "expected"), [
+    ({}, {"zone": "a"}, [], True),
+    ({"nodeSelector": {"zone": "a"}}, {"zone": "a"}, [], True),
+    ({"nodeSelector": {"zone": "a"}}, {"zone": "b"}, [], False),
+    (required({"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]},
+              {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}),
+     {"zone": "a"}, [], True),
+    (required({"matchExpressions": [{"key": "gen", "operator": "Gt", "values": ["3"]}]}),
+     {"gen": "2"}, [], False),
+    (required({"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n"]}]}), {}, [], True),
+    ({}, {}, [TAINT], False),
+    ({"tolerations": [{"key": "gpu", "operator": "Exists"}]}, {}, [TAINT], True),
+    ({"tolerations": [{"key": "gpu", "operator": "Equal", "value": "h100"}]}, {}, [TAINT], False),
+    ({"tolerations": [{"operator": "Exists"}]}, {}, [TAINT], True),
+    ({}, {}, [{"key": "gpu", "effect": "PreferNoSchedule"}], True),
+])
+def test_node_admits(pod_spec, node_labels, taints, expected):
+    from extender.defrag.plan import node_admits
+
+    node_obj = {"metadata": {"name": "n", "labels": node_labels}, "spec": {"taints": taints}}
+    assert node_admits({"spec": pod_spec}, node_obj) is expected
