@@ -17,11 +17,13 @@ from fractions import Fraction
 from typing import Any, Protocol
 
 from extender.contract import (
+    ALLOCATED,
     COMPONENT_LABEL,
     COMPONENT_WORKER,
     GPU_IDS,
     POD_INDEX,
     GPURequest,
+    format_allocated,
     format_bytes,
     format_tflops,
 )
@@ -142,7 +144,7 @@ class Binder:
         index_now = index is not None and self.state.pending_index_holder(node, index, uid) is None
         annotated = committed = False
         try:
-            annotations = {GPU_IDS: gpu_ids}
+            annotations = {GPU_IDS: gpu_ids, ALLOCATED: format_allocated(reservation.request)}
             if index is not None and index_now:
                 annotations[POD_INDEX] = str(index)
             metadata: dict[str, Any] = {"uid": uid, "annotations": annotations}  # uid: a precondition
@@ -188,6 +190,7 @@ class Binder:
             {"op": "test", "path": "/metadata/uid", "value": uid},
             {"op": "test", "path": _annotation_path(GPU_IDS), "value": gpu_ids},
             {"op": "remove", "path": _annotation_path(GPU_IDS)},
+            {"op": "remove", "path": _annotation_path(ALLOCATED)},
         ]
         if with_index:
             ops.append({"op": "remove", "path": _annotation_path(POD_INDEX)})

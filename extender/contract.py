@@ -56,6 +56,11 @@ INJECT_CONTAINER = _key("inject-container")
 # Annotations written at bind time: the durable allocation record
 GPU_IDS = _key("gpu-ids")
 POD_INDEX = _key("index")
+# written at bind: what the pod was granted on each of its GPUs (see format_allocated); the ledger counts
+# this, not the request annotations, which a tenant could change after the bind
+ALLOCATED = _key("allocated")
+# every annotation only the GPU scheduler's bind may write
+BIND_TIME_ANNOTATIONS = (GPU_IDS, POD_INDEX, ALLOCATED)
 
 # Other objects
 DEFAULT_POOL_ANNOTATION = _key("is-default-pool")
@@ -95,6 +100,9 @@ class AutoscaleTarget(StrEnum):
     VRAM = "vram"
 
 
+_MAX_SHOWN_VALUE = 200
+
+
 class ContractError(ValueError):
     """A value breaks the pod contract. The message names the key and the value."""
 
@@ -103,7 +111,10 @@ class ContractError(ValueError):
         self.value = value
         self.reason = reason
         origin = f" (from {source})" if source else ""
-        super().__init__(f'{key}="{value}"{origin}: {reason}')
+        shown = str(value)
+        if len(shown) > _MAX_SHOWN_VALUE:  # a huge value is named, not echoed
+            shown = f"{shown[:_MAX_SHOWN_VALUE]}... ({len(shown)} characters)"
+        super().__init__(f'{key}="{shown}"{origin}: {reason}')
 
 
 class GPURequest(BaseModel):
@@ -505,3 +516,53 @@ def _pool(values: _Layered, context: RequestContext) -> tuple[str, PoolDefaults 
         raise values.error(GPU_POOL, "no such GPUPool") if values.get(GPU_POOL) else ContractError(
             GPU_POOL, name, "no such GPUPool")
     return name, defaults
+
+
+# --- the allocation record written at bind (ALLOCATED) ----------------------------------------------------
+
+ALLOCATED_WHOLE = "whole"
+_ALLOCATED_POOL = "-"  # a bound pod's record does not need its pool: only what it holds counts
+
+
+def format_allocated(request: GPURequest) -> str:
+    """What ``request`` takes from each of its GPUs, as the bind records it in ``tensor-fusion.ai/allocated``:
+    ``whole`` (isolation shared: the GPU whole), ``tflops=<q>,vram=<q>`` or ``percent=<q>,vram=<q>`` (a
+    share of the GPU's TFLOPS), quantities in Kubernetes notation. Limits, QoS and autoscaling are left
+    out: they do not change what the pod holds."""
+    if request.takes_whole_gpu:
+        return ALLOCATED_WHOLE
+    if request.percent_request is not None:
+        compute = f"percent={format_tflops(request.percent_request)}"
+    else:
+        compute = f"tflops={format_tflops(request.tflops_request or Fraction(0))}"
+    return f"{compute},vram={format_bytes(request.vram_request)}"
+
+
+def parse_allocated(value: str, gpu_count: int) -> GPURequest:
+    """The request a bound pod holds per GPU, read back from its ``allocated`` record; raises
+    ``ContractError`` for anything ``format_allocated`` does not write."""
+    text = value.strip()
+    if text == ALLOCATED_WHOLE:
+        return GPURequest(pool=_ALLOCATED_POOL, gpu_count=gpu_count, isolation=Isolation.SHARED)
+    fields: dict[str, Fraction] = {}
+    for part in text.split(","):
+        name, sep, raw = part.partition("=")
+        name = name.strip()
+        if not sep or name not in ("tflops", "percent", "vram") or name in fields:
+            raise ContractError(ALLOCATED, value, "expected whole, tflops=Q,vram=Q or percent=Q,vram=Q")
+        try:
+            amount = parse_quantity(raw.strip()).value
+        except QuantityError as exc:
+            raise ContractError(ALLOCATED, value, f"{name} is not a Kubernetes quantity") from exc
+        if amount < 0:
+            raise ContractError(ALLOCATED, value, f"{name} must not be negative")
+        fields[name] = amount
+    if "vram" not in fields or ("tflops" in fields) == ("percent" in fields):
+        raise ContractError(ALLOCATED, value, "expected whole, tflops=Q,vram=Q or percent=Q,vram=Q")
+    vram = fields["vram"]
+    if vram.denominator != 1:
+        raise ContractError(ALLOCATED, value, "VRAM must be a whole number of bytes")
+    if "percent" in fields and fields["percent"] > 100:
+        raise ContractError(ALLOCATED, value, "compute percent must be within 0..100")
+    return GPURequest(pool=_ALLOCATED_POOL, tflops_request=fields.get("tflops"),
+                      percent_request=fields.get("percent"), vram_request=int(vram), gpu_count=gpu_count)

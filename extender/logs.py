@@ -42,3 +42,42 @@ def setup_logging(level: str = "info") -> None:
     root.setLevel(numeric)
     # aiohttp's access log is one line per scheduler call: too chatty at info.
     logging.getLogger("aiohttp.access").setLevel(max(numeric, logging.WARNING))
+
+
+def describe_exception(exc: BaseException, limit: int = 300) -> str:
+    """One short line for an unexpected exception: its type, its message (cut to ``limit`` characters, so
+    a hostile value quoted in it cannot flood the log) and where it was raised. Used instead of a
+    traceback by the request catch-alls: one line per failed request, never the request's data."""
+    text = " ".join(str(exc).split())
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None:
+        where = f" (at {tb.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno})"
+    return f"{type(exc).__name__}: {text}{where}" if text else f"{type(exc).__name__}{where}"
+
+
+class _OneLine(logging.Filter):
+    """Turns a record's traceback into one ``error`` field (see ``describe_exception``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            record.error = describe_exception(record.exc_info[1])
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+_ONE_LINE = _OneLine()
+
+
+def one_line_server_errors() -> None:
+    """aiohttp answers a body it cannot parse or decode (a broken Content-Encoding, say) with a 400 of its
+    own, before any handler runs, and logs the traceback; a stream of such bodies must not become a stream
+    of tracebacks. Idempotent."""
+    server = logging.getLogger("aiohttp.server")
+    if _ONE_LINE not in server.filters:
+        server.addFilter(_ONE_LINE)

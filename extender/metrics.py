@@ -78,6 +78,10 @@ class Metrics:
         self.preemptions = Counter(
             "tf_extender_preemptions_total", "Pods deleted to make room for higher-priority GPU pods",
             ["outcome"], registry=r)
+        self.distrusted = Counter(
+            "tf_extender_distrusted_allocations_total",
+            "Allocation records of pods the ledger did not believe (a GPU of another node, more than the GPU "
+            "has left, a record changed after the bind), by reason", ["reason"], registry=r)
         self._refresh: Callable[[], None] | None = None
 
     def count_rejections(self, messages: Iterable[str]) -> None:

@@ -1,7 +1,9 @@
 """The HTTP face of the extender: the four scheduler verbs plus health, readiness and metrics.
 
 Every verb answers something the scheduler understands, whatever it was sent: filter, bind and
-preempt put problems in ``Error``; prioritize (whose answer is a bare list) answers 400 or 503.
+preempt put problems in ``Error``; prioritize (whose answer is a bare list) answers 400 or 503. A catch-all
+around each verb turns any unexpected exception into that answer too, with one log line (no traceback:
+a flood of hostile bodies must not become a flood of tracebacks), so no body ever gets an HTTP 500.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from extender.binder import Binder
+from extender.logs import describe_exception, one_line_server_errors
 from extender.metrics import CONTENT_TYPE, Metrics
 from extender.protocol import (
     ExtenderArgs,
@@ -78,21 +81,31 @@ class Handlers:
             raise BadRequest(f"request body too large: {exc.text}") from exc
         except TimeoutError as exc:
             raise BadRequest("request body not received in time") from exc
+        except Exception as exc:  # e.g. a Content-Encoding the body does not decode with
+            raise BadRequest(f"request body cannot be read: {describe_exception(exc, 200)}") from exc
         try:
             data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise BadRequest(f"request body is not JSON: {exc}") from exc
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise BadRequest(f"request body is not JSON: {describe_exception(exc, 200)}") from exc
         try:
             return model.model_validate(data)
+        except RecursionError as exc:
+            raise BadRequest(f"malformed {model.__name__.removesuffix('Args')} request: nested too deeply"
+                             ) from exc
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()[:5])
             raise BadRequest(f"malformed {model.__name__.removesuffix('Args')} request: {problems}") from exc
 
-    async def _timed(self, verb: str, handle: Callable[[], Awaitable[tuple[web.StreamResponse, str]]]
-                     ) -> web.StreamResponse:
+    async def _timed(self, verb: str, handle: Callable[[], Awaitable[tuple[web.StreamResponse, str]]],
+                     failed: Callable[[str], web.StreamResponse]) -> web.StreamResponse:
         started = time.perf_counter()
-        response, outcome = await handle()
+        try:
+            response, outcome = await handle()
+        except Exception as exc:  # the catch-all: the verb's own error answer, one log line
+            detail = describe_exception(exc)
+            log.warning("request failed", extra={"verb": verb, "error": detail})
+            response, outcome = failed(f"extender {verb} failed: {detail}"), "internal_error"
         self.metrics.request_duration.labels(verb).observe(time.perf_counter() - started)
         self.metrics.requests.labels(verb, outcome).inc()
         return response
@@ -120,7 +133,7 @@ class Handlers:
                                    outcome.error or "")
             return _json(result.wire()), "error" if outcome.error else "ok"
 
-        return await self._timed("filter", handle)
+        return await self._timed("filter", handle, lambda m: _json(filter_error(m).wire()))
 
     async def prioritize(self, request: web.Request) -> web.StreamResponse:
         async def handle() -> tuple[web.StreamResponse, str]:
@@ -133,7 +146,8 @@ class Handlers:
             scores = self.state.prioritize(args.pod, args.candidate_names())
             return _json(host_priority_list(scores)), "ok"
 
-        return await self._timed("prioritize", handle)
+        # 503, not 500: the scheduler ignores this extender's scores for the cycle and carries on
+        return await self._timed("prioritize", handle, lambda m: _json({"error": m}, status=503))
 
     async def bind(self, request: web.Request) -> web.StreamResponse:
         async def handle() -> tuple[web.StreamResponse, str]:
@@ -153,7 +167,7 @@ class Handlers:
                 return _json(ExtenderBindingResult(error=error).wire()), "timeout"
             return _json(ExtenderBindingResult(error=error).wire()), "error" if error else "ok"
 
-        return await self._timed("bind", handle)
+        return await self._timed("bind", handle, lambda m: _json(ExtenderBindingResult(error=m).wire()))
 
     async def preempt(self, request: web.Request) -> web.StreamResponse:
         async def handle() -> tuple[web.StreamResponse, str]:
@@ -170,7 +184,8 @@ class Handlers:
             })
             return _json(result.wire()), "ok"
 
-        return await self._timed("preempt", handle)
+        return await self._timed("preempt", handle,
+                                 lambda m: _json(ExtenderPreemptionResult(error=m).wire()))
 
     async def healthz(self, request: web.Request) -> web.StreamResponse:
         return web.Response(text="ok")
@@ -186,6 +201,7 @@ class Handlers:
 
 def create_app(handlers: Handlers, *, prefix: str = DEFAULT_PREFIX,
                max_body: int = DEFAULT_MAX_BODY) -> web.Application:
+    one_line_server_errors()
     app = web.Application(client_max_size=max_body)
     app[STATE_KEY] = handlers.state
     app[METRICS_KEY] = handlers.metrics

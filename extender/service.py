@@ -39,6 +39,7 @@ from extender.kube import resources
 from extender.kube.events import EventRecorder
 from extender.kube.informer import WatchCache
 from extender.kube.pods import KubePodApi
+from extender.ledger import Allocation, Distrust
 from extender.lifecycle.config import CapacityConfig
 from extender.lifecycle.controllers import CapacityControllers
 from extender.metrics import Metrics, NodeUse, PoolUse
@@ -101,7 +102,8 @@ class ExtenderService:
                  observers: Sequence[FilterObserver] = ()) -> None:
         self.settings = settings
         self.metrics = Metrics()
-        self.state = ClusterState(inventory=settings.inventory, max_pods_per_node=settings.max_pods_per_node)
+        self.state = ClusterState(inventory=settings.inventory, max_pods_per_node=settings.max_pods_per_node,
+                                  on_refused=self.distrusted)
         self.caches = build_caches(api_client, self.state, settings.inventory)
         self.recorder = EventRecorder(api_client, COMPONENT)
         pod_api = KubePodApi(api_client)
@@ -142,6 +144,17 @@ class ExtenderService:
                                  fence=self.defragmenter.restrict if self.defragmenter is not None else None)
         self.metrics.on_scrape(self.refresh_gauges)
         self.metrics.registry.register(StrandedCollector(self.caches["pods"], self.caches["nodes"]))
+
+    def distrusted(self, allocation: Allocation, reason: Distrust, message: str) -> None:
+        """The ledger did not believe a pod's allocation record: say so in the log, a metric and an event
+        on the pod (each once per pod and finding)."""
+        log.warning("allocation record not believed",
+                    extra={"pod": allocation.pod_key, "reason": reason.value, "detail": message})
+        self.metrics.distrusted.labels(reason.value).inc()
+        namespace, _, name = allocation.pod_key.partition("/")
+        ref = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"namespace": namespace, "name": name, "uid": allocation.uid}}
+        self.recorder.record(ref, "GPUAllocationNotBelieved", message, "Warning")
 
     def unsynced(self) -> list[str]:
         return [name for name, cache in self.caches.items() if not cache.synced.is_set()]

@@ -21,12 +21,14 @@ from itertools import filterfalse, repeat
 from typing import Any
 
 from extender.contract import (
+    ALLOCATED,
     GPU_IDS,
     POD_INDEX,
     ContractError,
     GPURequest,
     RequestContext,
     decode_index,
+    parse_allocated,
     parse_gpu_ids,
     parse_request,
 )
@@ -42,7 +44,7 @@ from extender.inventory import (
     template_mode,
     tflops_of,
 )
-from extender.ledger import Allocation, Ledger
+from extender.ledger import Allocation, Ledger, RefusalSink
 from extender.placement import (
     DEFAULT_MODE,
     MAX_SCORE,
@@ -63,6 +65,8 @@ from extender.preemption import Candidate, choose_victims
 UNKNOWN_NODE = "node has no GPUs known to the extender"
 TERMINAL_PHASES = ("Succeeded", "Failed")
 _REQUEST_CACHE_SIZE = 8192
+_MAX_CACHED_KEY = 1024  # longer uids, resourceVersions or request strings are parsed every time
+_MAX_ERROR_TEXT = 1024  # a contract error quotes the value: keep the message short
 _VERDICT_CACHE_SHAPES = 64
 _CHANGE_LOG_SIZE = 100_000
 _SCORE_LEVELS = MAX_SCORE - MIN_FIT_SCORE + 1
@@ -174,34 +178,69 @@ class _Parsed:
     shape: tuple[object, ...]
     demand: Demand
 
+    @property
+    def size(self) -> int:
+        """Characters of free text the request holds (what caching it costs beyond a fixed size)."""
+        r = self.request
+        return len(r.pool) + len(r.gpu_model or "") + len(r.vendor or "") + len(r.workload_profile or "")
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is an object, else an empty one: pods from the scheduler's HTTP body may have any
+    shape, and a wrong type must read as "missing", not raise."""
+    return value if isinstance(value, dict) else {}
+
 
 def pod_key(pod: Mapping[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
+    meta = _map(pod.get("metadata"))
     return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
 
 
 def pod_uid(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("metadata") or {}).get("uid") or pod_key(pod))
+    return str(_map(pod.get("metadata")).get("uid") or pod_key(pod))
 
 
 def pod_priority(pod: Mapping[str, Any]) -> int:
-    priority = (pod.get("spec") or {}).get("priority")
+    priority = _map(pod.get("spec")).get("priority")
     return priority if isinstance(priority, int) and not isinstance(priority, bool) else 0
 
 
 def pod_index(pod: Mapping[str, Any]) -> int | None:
     """The ``index`` annotation when written, else the index encoded in the containers' resources."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    annotations = _map(_map(pod.get("metadata")).get("annotations"))
     raw = str(annotations.get(POD_INDEX, "")).strip()
-    if raw.isdigit():
+    if raw.isdigit() and len(raw) < 6:
         return int(raw)
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        resources = container.get("resources") or {}
+    containers = _map(pod.get("spec")).get("containers")
+    for container in containers if isinstance(containers, list) else ():
+        resources = _map(_map(container).get("resources"))
         for section in ("limits", "requests"):
-            index = decode_index(resources.get(section) or {})
+            index = decode_index(_map(resources.get(section)))
             if index is not None:
                 return index
     return None
+
+
+def _parse_request(annotations: Mapping[str, Any], default_pool: str | None) -> _Parsed | ContractError:
+    try:
+        request = parse_request(annotations, RequestContext(default_pool=default_pool))
+        return _Parsed(request, _shape(request), Demand.of(request))
+    except ContractError as exc:
+        # the message alone: neither the traceback (it keeps the pod alive) nor a huge quoted value
+        return _contract_error(exc.key, str(exc))
+    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
+        return _contract_error("metadata.annotations", f"metadata.annotations cannot be read: {exc}")
+
+
+def _contract_error(key: str, message: str) -> ContractError:
+    """A ContractError that was never raised (no traceback) with a message of bounded length."""
+    error = ContractError(key[:_MAX_CACHED_KEY], "", "")
+    error.args = (_short(message),)
+    return error
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= _MAX_ERROR_TEXT else text[:_MAX_ERROR_TEXT] + "..."
 
 
 def _shape(request: GPURequest) -> tuple[object, ...]:
@@ -212,7 +251,7 @@ def _shape(request: GPURequest) -> tuple[object, ...]:
 
 class ClusterState:
     def __init__(self, *, inventory: InventorySource = InventorySource.AUTO, max_pods_per_node: int = 256,
-                 mode_override: str | None = None) -> None:
+                 mode_override: str | None = None, on_refused: RefusalSink | None = None) -> None:
         override = parse_mode(mode_override)
         if mode_override and override is None:
             allowed = ", ".join(m.value for m in Mode)
@@ -220,7 +259,7 @@ class ClusterState:
         self._source = InventorySource(inventory)
         self._max_pods = max_pods_per_node
         self._override = override
-        self._ledger = Ledger()
+        self._ledger = Ledger(on_refused)
         self._gpu_objects: dict[str, GPUDevice] = {}
         self._gpu_objects_by_node: dict[str, set[str]] = {}
         self._node_labels: dict[str, dict[str, str]] = {}
@@ -236,7 +275,7 @@ class ClusterState:
         self._changes: list[str] = []
         self._changes_base = 0
         self._loads: dict[str, dict[str | None, float]] = {}
-        self._requests: dict[tuple[str, str, str | None], _Parsed | ContractError] = {}
+        self._requests: dict[tuple[str, str, str | None], _Parsed | tuple[str, str]] = {}
         self._tables: OrderedDict[tuple[object, ...], _Table] = OrderedDict()
 
     # --- events -----------------------------------------------------------------------------------
@@ -273,15 +312,33 @@ class ClusterState:
         self._pods[uid] = record
         if node is not None:
             self._pods_by_node.setdefault(node, set()).add(uid)
-        annotations = (obj.get("metadata") or {}).get("annotations") or {}
-        gpu_ids = tuple(dict.fromkeys(parse_gpu_ids(annotations.get(GPU_IDS))))
-        parsed = self._parse(obj, self._default_pool or _LEDGER_POOL) if node and gpu_ids else None
-        if node and gpu_ids and isinstance(parsed, _Parsed):
-            allocation = Allocation(uid, record.key, node, gpu_ids, parsed.request, record.priority)
+        annotations = _map(_map(obj.get("metadata")).get("annotations"))
+        gpu_ids = tuple(dict.fromkeys(parse_gpu_ids(annotations.get(GPU_IDS)))) if node else ()
+        held = self._held_request(obj, annotations, len(gpu_ids)) if gpu_ids else None
+        if node and held is not None:
+            allocation = Allocation(uid, record.key, node, gpu_ids, held, record.priority)
             self._touch(self._ledger.bind(allocation))
-            self._drop_reserved_pod(uid)
+            if self._ledger.bound(uid) is not None:
+                self._drop_reserved_pod(uid)
+        elif node and (counted := self._ledger.bound(uid)) is not None:
+            # A bound pod whose allocation record was removed or broken still runs on its GPUs: the record
+            # counted at bind time stands until the pod is gone.
+            self._ledger.record_lost(counted)
         else:
             self._touch(self._ledger.unbind(uid))
+
+    def _held_request(self, obj: dict[str, Any], annotations: Mapping[str, Any],
+                      gpus: int) -> GPURequest | None:
+        """What a bound pod holds per GPU: the amounts its bind recorded (``allocated``); for pods bound
+        before that record existed, its request annotations."""
+        record = annotations.get(ALLOCATED)
+        if isinstance(record, str):
+            try:
+                return parse_allocated(record, gpus)
+            except ContractError:
+                return None
+        parsed = self._parse(obj, self._default_pool or _LEDGER_POOL)
+        return parsed.request if isinstance(parsed, _Parsed) else None
 
     def _apply_gpu(self, obj: dict[str, Any], deleted: bool) -> None:
         if self._source is InventorySource.NODE_LABELS:
@@ -371,22 +428,28 @@ class ClusterState:
     # --- requests ---------------------------------------------------------------------------------
 
     def _parse(self, pod: Mapping[str, Any], default_pool: str | None) -> _Parsed | ContractError:
-        meta = pod.get("metadata") or {}
-        key = (pod_uid(pod), str(meta.get("resourceVersion") or ""), default_pool)
-        cached = self._requests.get(key)
-        if cached is not None and meta.get("resourceVersion"):
-            return cached
-        annotations = meta.get("annotations") or {}
-        try:
-            request = parse_request(annotations, RequestContext(default_pool=default_pool))
-            result: _Parsed | ContractError = _Parsed(request, _shape(request), Demand.of(request))
-        except ContractError as exc:
-            result = exc
-        except (TypeError, ValueError, AttributeError) as exc:
-            result = ContractError("metadata.annotations", "", f"cannot be read: {exc}")
-        if len(self._requests) >= _REQUEST_CACHE_SIZE:
-            self._requests.clear()
-        self._requests[key] = result
+        """The pod's request, or the contract error that rejects it.
+
+        Memory stays bounded whatever pods arrive: the cache holds at most ``_REQUEST_CACHE_SIZE`` entries,
+        only for keys of sane length, and an error is cached as its short message (a fresh exception with no
+        traceback: a traceback would keep the whole pod alive)."""
+        meta = _map(pod.get("metadata"))
+        rv = meta.get("resourceVersion")
+        key = (pod_uid(pod), str(rv or ""), default_pool)
+        cacheable = bool(rv) and len(key[0]) + len(key[1]) <= _MAX_CACHED_KEY
+        if cacheable:
+            cached = self._requests.get(key)
+            if cached is not None:
+                return cached if isinstance(cached, _Parsed) else _contract_error(*cached)
+        result = _parse_request(_map(meta.get("annotations")), default_pool)
+        if cacheable:
+            if len(self._requests) >= _REQUEST_CACHE_SIZE:
+                self._requests.clear()
+            if isinstance(result, _Parsed):
+                if result.size <= _MAX_CACHED_KEY:
+                    self._requests[key] = result
+            else:
+                self._requests[key] = (result.key[:_MAX_CACHED_KEY], str(result))
         return result
 
     def request_of(self, pod: Mapping[str, Any]) -> GPURequest:

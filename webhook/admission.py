@@ -68,13 +68,17 @@ class ReviewError(ValueError):
 def parse_review(body: bytes) -> AdmissionReview:
     try:
         data = json.loads(body)
+    except RecursionError as exc:
+        raise ReviewError("body is not JSON this webhook reads: nested too deeply") from exc
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ReviewError(f"body is not JSON: {exc}") from exc
+        raise ReviewError(f"body is not JSON: {str(exc)[:200]}") from exc
     if not isinstance(data, dict):
         raise ReviewError(f"body is not an {KIND} object")
     uid = _recover_uid(data)
     try:
         return AdmissionReview.model_validate(data)
+    except RecursionError as exc:
+        raise ReviewError(f"malformed {API_VERSION} {KIND}: nested too deeply", uid) from exc
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in error['loc']) or 'body'}: {error['msg']}"

@@ -15,6 +15,7 @@ from typing import Any
 from extender.contract import (
     AUTOSCALE,
     AUTOSCALE_TARGET,
+    BIND_TIME_ANNOTATIONS,
     COMPONENT_LABEL,
     COMPONENT_WORKER,
     ENABLED_LABEL,
@@ -94,6 +95,9 @@ def mutate(pod: KubeObject, view: ClusterView, *, scheduler_name: str, index: in
     shape_problem = _shape_problem(pod)
     if shape_problem:
         return MutationResult(pod=pod, denial=Denial(shape_problem, REASON_POD_SHAPE))
+    forged = preset_allocation(pod, scheduler_name)
+    if forged is not None:
+        return MutationResult(pod=pod, denial=forged)
     namespace = namespace or str(pod["metadata"].get("namespace") or "") or "default"
     try:
         mutated, request = _mutated(pod, view, namespace, scheduler_name, index)
@@ -102,6 +106,25 @@ def mutate(pod: KubeObject, view: ClusterView, *, scheduler_name: str, index: in
     except ContractError as exc:
         return MutationResult(pod=pod, denial=Denial(str(exc), exc.key))
     return MutationResult(pod=mutated, patch=diff(pod, mutated), request=request)
+
+
+def preset_allocation(pod: KubeObject, scheduler_name: str) -> Denial | None:
+    """Only the GPU scheduler writes allocations: a pod must not arrive with what its bind writes (the
+    allocation record, the pod index) nor with ``spec.nodeName``, which would skip the scheduler."""
+    annotations = pod["metadata"].get("annotations") or {}
+    for key in BIND_TIME_ANNOTATIONS:
+        if key in annotations:
+            value = str(annotations[key])
+            shown = value if len(value) <= 100 else value[:100] + "..."
+            return Denial(f'{key}="{shown}": written by {scheduler_name} when it binds the pod; '
+                          f"a pod may not set it (remove the annotation)", key)
+    node = pod["spec"].get("nodeName")
+    if node:
+        shown = str(node)[:100]
+        return Denial(f'spec.nodeName="{shown}": a GPU pod is placed by {scheduler_name}, which chooses the '
+                      f"node and its GPUs; remove spec.nodeName (use a nodeSelector to pin a node)",
+                      "spec.nodeName")
+    return None
 
 
 def _shape_problem(pod: KubeObject) -> str | None:

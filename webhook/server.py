@@ -1,7 +1,8 @@
 """The webhook's HTTP application: ``POST /mutate``, ``/healthz``, ``/readyz`` and ``/metrics``.
 
 Every request to ``/mutate`` gets an answer within the request timeout: a patch, a denial, or (when no
-request uid can be recovered) an HTTP error with a message.
+request uid can be recovered) an HTTP 4xx error with a message; never an HTTP 500. Unexpected exceptions
+are logged as one line each, without a traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from extender.logs import describe_exception, one_line_server_errors
 from webhook.admission import Decision, Outcome, ReviewError, admit, deny, parse_review
 from webhook.index import IndexAllocator
 from webhook.metrics import CONTENT_TYPE, WebhookMetrics
@@ -51,6 +53,7 @@ MAX_BODY_KEY = web.AppKey("max_body_bytes", int)
 
 
 def create_app(service: WebhookService, *, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
+    one_line_server_errors()
     app = web.Application(client_max_size=max_body_bytes)
     app[SERVICE_KEY] = service
     app[MAX_BODY_KEY] = max_body_bytes
@@ -83,11 +86,17 @@ async def handle_mutate(request: web.Request) -> web.Response:
     fields: dict[str, Any] = {}
     try:
         async with asyncio.timeout(service.request_timeout):
-            body = await request.read()
+            try:
+                body = await request.read()
+            except (web.HTTPException, TimeoutError):
+                raise
+            except Exception as exc:  # e.g. a Content-Encoding the body does not decode with
+                raise ReviewError(f"body cannot be read: {describe_exception(exc, 200)}") from exc
             review = parse_review(body)
             uid = review.request.uid
-            fields = {"uid": uid, "operation": review.request.operation,
-                      "namespace": review.request.namespace, "pod": _pod_name(review.request.object)}
+            fields = {"uid": uid[:100], "operation": review.request.operation[:20],
+                      "namespace": (review.request.namespace or "")[:63],
+                      "pod": _pod_name(review.request.object)}
             view = await service.view_for(review.request.object or {}, review.request.namespace or "default")
             decision = admit(review.request, view, scheduler_name=service.scheduler_name,
                              next_index=service.allocator.next, do_not_disrupt=service.do_not_disrupt())
@@ -105,11 +114,12 @@ async def handle_mutate(request: web.Request) -> web.Response:
         message = f"admission timed out after {service.request_timeout}s"
         decision = Decision({}, Outcome.ERROR, "timeout", message)
         response = web.json_response(deny(uid, message, 504)) if uid else _error(504, message)
-    except Exception:
-        log.exception("admission failed", extra=fields)
-        message = "internal error while mutating the pod; see the webhook log"
+    except Exception as exc:  # the catch-all: a denial (or a 400 without a uid) and one log line
+        detail = describe_exception(exc)
+        log.warning("admission failed", extra={**fields, "error": detail})
+        message = f"the webhook could not process this pod: {detail}"
         decision = Decision({}, Outcome.ERROR, "internal", message)
-        response = web.json_response(deny(uid, message, 500)) if uid else _error(500, message)
+        response = web.json_response(deny(uid, message, 500)) if uid else _error(400, message)
     elapsed = time.perf_counter() - started
     # Every answer that is a denial review (rather than an HTTP error) counts as a denial.
     denied = decision.outcome is Outcome.DENIED or (decision.outcome is Outcome.ERROR and uid is not None)
@@ -127,5 +137,5 @@ def _pod_name(pod: KubeObject | None) -> str | None:
     metadata = (pod or {}).get("metadata")
     if not isinstance(metadata, dict):
         return None
-    return str(metadata.get("name") or metadata.get("generateName") or "") or None
+    return str(metadata.get("name") or metadata.get("generateName") or "")[:253] or None
 

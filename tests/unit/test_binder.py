@@ -10,7 +10,7 @@ from extender_fakes import POOL, Events, FakeApi, Pods, gpu, pod
 from kubernetes.client import ApiException
 
 from extender.binder import Binder, describe_allocation
-from extender.contract import GPU_IDS, POD_INDEX, GPURequest
+from extender.contract import ALLOCATED, GPU_IDS, POD_INDEX, GPURequest
 from extender.protocol import ExtenderBindingArgs
 from extender.state import ClusterState, Kind
 
@@ -39,7 +39,8 @@ async def test_success_annotates_then_binds_and_keeps_the_capacity() -> None:
     assert await binder.bind(args("a", "u1")) == ""
     [patch, bind] = api.calls
     assert patch == ("merge_patch",
-                     {"metadata": {"uid": "u1", "annotations": {GPU_IDS: "g1", POD_INDEX: "3"}}})
+                     {"metadata": {"uid": "u1", "annotations": {
+                         GPU_IDS: "g1", ALLOCATED: "tflops=60,vram=4Gi", POD_INDEX: "3"}}})
     assert bind == ("bind", ("a", "u1", "n1"))
     assert events.recorded == [("a", "GPUDeviceAllocated",
                                 "allocated GPU g1 on node n1: 60 TFLOPS and 4Gi per GPU", "Normal")]

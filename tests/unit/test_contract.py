@@ -235,3 +235,27 @@ def test_any_annotations_parse_or_raise_and_rerender_stably(annotations: dict[st
     rendered = render_annotations(request)
     assert parse_request(rendered, CTX) == request
     assert render_annotations(parse_request(rendered, CTX)) == rendered
+
+
+@given(st.sampled_from(["soft", "shared"]), st.fractions(min_value=0, max_value=1000, max_denominator=1000),
+       st.booleans(), st.integers(min_value=0, max_value=2**45))
+def test_the_allocation_record_reads_back_the_share_it_was_written_from(
+        isolation: str, amount: Fraction, percent: bool, vram: int) -> None:
+    request = c.GPURequest(pool="p", isolation=c.Isolation(isolation), vram_request=vram,
+                           **({"percent_request": min(amount, Fraction(100))} if percent
+                              else {"tflops_request": amount}))
+    read = c.parse_allocated(c.format_allocated(request), 2)
+    assert read.gpu_count == 2 and read.takes_whole_gpu == request.takes_whole_gpu
+    for capacity in (Fraction(100), Fraction(312)):
+        assert read.tflops_on(capacity) >= request.tflops_on(capacity)  # rounded up, never down
+        assert read.tflops_on(capacity) - request.tflops_on(capacity) < Fraction(1, 10**6)
+        assert read.vram_on(80 << 30) == request.vram_on(80 << 30)
+
+
+@pytest.mark.parametrize("record", ["", "tflops=1", "vram=1Gi", "tflops=1,percent=2,vram=1",
+                                    "tflops=-1,vram=1", "percent=101,vram=1", "tflops=x,vram=1",
+                                    "tflops=1,vram=0.5", "tflops=1,tflops=2,vram=1", "all"])
+def test_a_broken_allocation_record_is_a_contract_error(record: str) -> None:
+    with pytest.raises(c.ContractError) as err:
+        c.parse_allocated(record, 1)
+    assert err.value.key == c.ALLOCATED

@@ -8,7 +8,7 @@ import pytest
 
 from extender.contract import GPURequest, Isolation
 from extender.inventory import NANO
-from extender.ledger import Allocation, Ledger, Usage
+from extender.ledger import Allocation, Distrust, Ledger, Usage
 
 GIB = 1 << 30
 
@@ -121,3 +121,72 @@ def test_touched_nodes_are_reported_for_cache_invalidation() -> None:
     assert ledger.bind(alloc("a")) == {"n1"}
     assert ledger.bind(alloc("a")) == set()
     assert ledger.forget("a") == {"n1"}
+
+
+# --- distrust: a pod's claim counts only when it is the ledger's own grant, or fits ----------------------
+
+class Findings:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+
+    def __call__(self, allocation: Allocation, reason: Distrust, message: str) -> None:
+        self.seen.append((allocation.uid, reason.value, message))
+
+
+def distrusting(*gpus: tuple[str, str]) -> tuple[Ledger, Findings]:
+    findings = Findings()
+    ledger = Ledger(findings)
+    for name, node in gpus:
+        ledger.set_gpu(name, node, 100 * NANO, 40 * GIB)
+    return ledger, findings
+
+
+def test_a_forged_allocation_never_takes_a_gpu_over_capacity() -> None:
+    ledger, findings = distrusting(("g1", "n1"))
+    ledger.bind(alloc("a", req=request("80")))
+    ledger.bind(alloc("forged", req=request("80")))  # read from a pod nobody granted it to
+    assert ledger.usage("g1").tflops == 80 * NANO
+    assert ledger.allocation("forged") is None
+    assert [(uid, reason) for uid, reason, _ in findings.seen] == [("forged", "over_capacity")]
+    assert "ns/forged" in findings.seen[0][2] and "g1" in findings.seen[0][2]
+    ledger.bind(alloc("forged", req=request("80")))  # the same pod again: reported once
+    assert len(findings.seen) == 1
+    ledger.forget("a")  # room again: the refused pod (it does run there) is counted now
+    assert ledger.usage("g1").tflops == 80 * NANO and ledger.allocation("forged") is not None
+
+
+def test_a_gpu_of_another_node_is_not_counted() -> None:
+    ledger, findings = distrusting(("g1", "n1"), ("g2", "n2"))
+    ledger.bind(alloc("a", gpus=("g2",), node="n1"))
+    assert ledger.usage("g2") == Usage() and ledger.allocation("a") is None
+    assert findings.seen[0][1] == "node_mismatch" and "node n2" in findings.seen[0][2]
+
+
+def test_a_gpu_learned_late_drops_the_latest_claims_that_do_not_fit() -> None:
+    ledger, findings = distrusting()
+    for uid in ("a", "b", "c"):  # pods listed before their GPU object
+        ledger.bind(alloc(uid, req=request("40")))
+    ledger.set_gpu("g1", "n1", 100 * NANO, 40 * GIB)
+    assert ledger.usage("g1").tflops == 80 * NANO
+    assert {a.uid for a in ledger.allocations()} == {"a", "b"}
+    assert [uid for uid, _, _ in findings.seen] == ["c"]
+
+
+def test_the_ledgers_own_grant_counts_with_the_amounts_it_granted() -> None:
+    ledger, findings = distrusting(("g1", "n1"))
+    ledger.reserve(alloc("a", req=request("80")))
+    ledger.bind(alloc("a", req=request("0")))  # the pod's record says less than was granted
+    assert ledger.usage("g1").tflops == 80 * NANO and ledger.trusted("a")
+    assert findings.seen == []
+
+
+def test_a_record_changed_after_the_bind_is_not_believed() -> None:
+    ledger, findings = distrusting(("g1", "n1"))
+    ledger.reserve(alloc("a", req=request("80")))
+    ledger.bind(alloc("a", req=request("80")))
+    ledger.bind(alloc("a", req=request("0")))  # tflops-request patched to 0 after the bind
+    ledger.bind(alloc("a", gpus=("g2",)))
+    assert ledger.usage("g1").tflops == 80 * NANO
+    assert [reason for _, reason, _ in findings.seen] == ["record_changed"]  # once, not per update
+    ledger.record_lost(ledger.bound("a"))  # type: ignore[arg-type]
+    assert ledger.usage("g1").tflops == 80 * NANO and len(findings.seen) == 2

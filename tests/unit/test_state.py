@@ -436,3 +436,34 @@ def test_cached_verdicts_follow_every_change() -> None:
 def test_unknown_mode_override_is_rejected() -> None:
     with pytest.raises(ValueError, match="CompactFirst"):
         ClusterState(mode_override="Fastest")
+
+
+# --- trust: what a bound pod holds is what its bind recorded ----------------------------------------------
+
+def test_the_bind_time_record_counts_not_the_request_annotations() -> None:
+    state = make(pool(POOL), gpu("g1", "n1"))
+    reservation = state.reserve(pod("a", "80"), "n1")
+    recorded = {"tensor-fusion.ai/allocated": "tflops=80,vram=4Gi"}
+    state.apply(Kind.POD, "MODIFIED", bound("a", "n1", "g1", tflops="80", annotations=recorded, rv="2"))
+    assert used(state, "g1")[0] == 80.0
+    # the tenant patches the request down after the bind, then removes the record: 80 still count
+    state.apply(Kind.POD, "MODIFIED", bound("a", "n1", "g1", tflops="0", annotations=recorded, rv="3"))
+    state.apply(Kind.POD, "MODIFIED", pod("a", "0", node="n1", phase="Running", rv="4"))
+    assert used(state, "g1")[0] == 80.0
+    with pytest.raises(PlacementError):
+        state.reserve(pod("b", "80"), "n1")
+    assert reservation.gpu_ids == ("g1",)
+
+
+def test_after_a_restart_records_count_within_capacity_only() -> None:
+    found: list[tuple[str, str]] = []
+    state = ClusterState(on_refused=lambda a, reason, _message: found.append((a.pod_key, reason.value)))
+    for obj in (pool(POOL), gpu("g1", "n1"), gpu("g2", "n2")):
+        state.apply({"GPU": Kind.GPU, "GPUPool": Kind.POOL}[obj["kind"]], "ADDED", obj)
+    for name, node, gpus, record in (("a", "n1", "g1", "tflops=80,vram=4Gi"),
+                                      ("forged", "n1", "g1", "tflops=80,vram=4Gi"),
+                                      ("elsewhere", "n1", "g2", "tflops=1,vram=1Gi")):
+        record_of = {"tensor-fusion.ai/allocated": record}
+        state.apply(Kind.POD, "ADDED", bound(name, node, gpus, annotations=record_of))
+    assert used(state, "g1")[0] == 80.0 and used(state, "g2")[0] == 0.0
+    assert found == [("ml/forged", "over_capacity"), ("ml/elsewhere", "node_mismatch")]

@@ -393,3 +393,17 @@ def test_accepted_pods_reparse_to_the_same_request_and_mutation_is_idempotent(
     again = run(mutated, (index % 128) + 1)
     assert again.denial is None and again.patch == []
 
+
+
+@pytest.mark.parametrize(("annotations", "spec", "key"), [
+    ({"tensor-fusion.ai/gpu-ids": "gpu-on-another-node"}, {}, "tensor-fusion.ai/gpu-ids"),
+    ({"tensor-fusion.ai/index": "3"}, {}, "tensor-fusion.ai/index"),
+    ({"tensor-fusion.ai/allocated": "tflops=0,vram=0"}, {}, "tensor-fusion.ai/allocated"),
+    ({}, {"nodeName": "n1"}, "spec.nodeName"),
+])
+def test_a_pod_may_not_arrive_with_an_allocation(annotations: dict[str, str], spec: dict[str, Any],
+                                                  key: str) -> None:
+    result = mutate(pod({**tf(tflops_request="10", vram_request="1Gi"), **annotations}, **spec), view(),
+                    scheduler_name=SCHEDULER, index=1)
+    assert result.denial is not None and result.denial.reason == key
+    assert result.denial.message.startswith(key) and SCHEDULER in result.denial.message

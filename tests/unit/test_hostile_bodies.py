@@ -1,0 +1,224 @@
+"""Every body gets an answer, never an HTTP 500: generated hostile bodies over real HTTP at every extender
+verb and at the webhook's /mutate.
+
+The servers run on loopback in a thread of their own (the production aiohttp apps, the production handlers);
+the bodies go through ``http.client`` so that headers such as ``Content-Encoding`` and raw bytes reach the
+server exactly as generated. Bodies: JSON nested thousands of levels deep, values of the wrong type at the
+keys the handlers read, strings of a megabyte, and bodies whose ``Content-Encoding`` does not match.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import gzip
+import http.client
+import json
+import logging
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from extender_fakes import POOL, Events, FakeApi, Pods, gpu
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_webhook_fixtures import view
+
+from extender.binder import Binder
+from extender.metrics import Metrics
+from extender.preemptor import Preemptor
+from extender.server import Handlers
+from extender.server import create_app as extender_app
+from extender.state import ClusterState, Kind
+from webhook.server import WebhookService
+from webhook.server import create_app as webhook_app
+from webhook.view import ClusterView, KubeObject
+
+ANSWER_WITHIN = 5.0  # seconds per request, on a busy 2-core machine; a healthy answer takes milliseconds
+VERBS = ("filter", "prioritize", "bind", "preempt")
+TARGETS = (*(f"/scheduler/{v}" for v in VERBS), "/mutate")
+
+# keys the handlers look at, so that wrong types land where they hurt
+KEYS = ["Pod", "pod", "NodeNames", "Nodes", "items", "metadata", "name", "namespace", "uid", "annotations",
+        "labels", "spec", "containers", "resources", "limits", "nodeName", "priority", "PodName",
+        "PodNamespace", "PodUID", "Node", "NodeNameToMetaVictims", "NodeNameToVictims", "Pods", "UID",
+        "apiVersion", "kind", "request", "object", "operation", "resourceVersion", "status", "phase",
+        "tensor-fusion.ai/tflops-request", "tensor-fusion.ai/gpu-ids", "tensor-fusion.ai/gpu-count",
+        "tensor-fusion.ai/enabled", "tensor-fusion.ai/index_0"]
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+                    st.floats(allow_nan=False), st.text(max_size=20),
+                    st.sampled_from(["", "0", "-1", "1e309"]))
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4),
+                            st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=8), inner, max_size=5)),
+    max_leaves=30)
+
+
+def _valid(target: str) -> dict[str, Any]:
+    pod = {"metadata": {"name": "p", "namespace": "ml", "uid": "u-p", "resourceVersion": "1",
+                        "annotations": {"tensor-fusion.ai/tflops-request": "10",
+                                        "tensor-fusion.ai/vram-request": "1Gi",
+                                        "tensor-fusion.ai/gpupool": POOL}},
+           "spec": {"containers": [{"name": "main"}]}}
+    if target.endswith("/bind"):
+        return {"PodName": "p", "PodNamespace": "ml", "PodUID": "u-p", "Node": "n1"}
+    if target.endswith("/preempt"):
+        return {"Pod": pod, "NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "x"}]}}}
+    if target == "/mutate":
+        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "request": {"uid": "r-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                            "operation": "CREATE", "namespace": "team",
+                            "object": {**pod, "metadata": {**pod["metadata"],
+                                                           "labels": {"tensor-fusion.ai/enabled": "true"}}}}}
+    return {"Pod": pod, "NodeNames": ["n1", "n2"]}
+
+
+@st.composite
+def hostile(draw: st.DrawFn, target: str) -> tuple[bytes, dict[str, str]]:
+    """A body and its headers."""
+    kind = draw(st.sampled_from(["deep", "graft", "huge", "encoding", "bytes"]))
+    headers = {"Content-Type": "application/json"}
+    if kind == "deep":
+        depth = draw(st.integers(min_value=500, max_value=20_000))
+        opener, closer = draw(st.sampled_from([("[", "]"), ('{"a":', "}"), ('{"Pod":', "}")]))
+        inner = opener * depth + "1" + closer * depth
+        enveloped = draw(st.booleans())  # deep inside an otherwise valid envelope, or bare
+        body = json.dumps(_valid(target)).replace('"p"', inner, 1) if enveloped else inner
+        return body.encode(), headers
+    if kind == "graft":  # a valid message with a wrong-typed value grafted at some key
+        message = _valid(target)
+        path = draw(st.lists(st.sampled_from(KEYS), min_size=1, max_size=4))
+        node: Any = message
+        for key in path[:-1]:
+            child = node.get(key) if isinstance(node, dict) else None
+            if not isinstance(child, dict):
+                child = {}
+                node[key] = child
+            node = child
+        node[path[-1]] = draw(json_values)
+        return json.dumps(message).encode(), headers
+    if kind == "huge":
+        size = draw(st.sampled_from([64 * 1024, 512 * 1024, 1024 * 1024]))
+        filler = draw(st.sampled_from(["9", "x", "\u00e9", "["]))
+        message = _valid(target)
+        key = draw(st.sampled_from(["annotation", "name", "node"]))
+        big = filler * size
+        if key == "annotation" and "Pod" in message:
+            message["Pod"]["metadata"]["annotations"]["tensor-fusion.ai/tflops-request"] = big
+        elif key == "node" and "NodeNames" in message:
+            message["NodeNames"] = [big]
+        elif target == "/mutate":
+            message["request"]["object"]["metadata"]["annotations"]["tensor-fusion.ai/vram-request"] = big
+        else:
+            message[next(iter(message))] = big
+        return json.dumps(message).encode(), headers
+    if kind == "encoding":
+        raw = json.dumps(_valid(target)).encode()
+        encoding = draw(st.sampled_from(["gzip", "deflate", "br", "x-bogus", "gzip, gzip", "zstd"]))
+        how = draw(st.sampled_from(["plain", "truncated", "garbage", "bomb"]))
+        if how == "truncated":
+            raw = gzip.compress(raw)[: draw(st.integers(min_value=1, max_value=20))]
+        elif how == "garbage":
+            raw = draw(st.binary(min_size=1, max_size=200))
+        elif how == "bomb":  # a small body that inflates past the size limit
+            raw = _bomb(encoding == "deflate")
+        return raw, {**headers, "Content-Encoding": encoding}
+    return draw(st.binary(max_size=300)), headers  # bytes: not UTF-8, not JSON
+
+
+@functools.cache
+def _bomb(deflate: bool) -> bytes:
+    inflated = b"[" * (80 * 1024 * 1024)
+    return zlib.compress(inflated, 9) if deflate else gzip.compress(inflated, 9)
+
+
+def _serve(app: web.Application) -> tuple[int, asyncio.AbstractEventLoop, threading.Thread]:
+    started = threading.Event()
+    holder: dict[str, Any] = {}
+
+    def run() -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        runner = web.AppRunner(app, access_log=None)
+        loop.run_until_complete(runner.setup())
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        site = web.TCPSite(runner, "127.0.0.1", port)
+        loop.run_until_complete(site.start())
+        holder.update(port=port, loop=loop, runner=runner)
+        started.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    return holder["port"], holder["loop"], thread
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[str, int]]:
+    state = ClusterState()
+    state.apply(Kind.POOL, "ADDED", {"metadata": {"name": POOL}, "spec": {}})
+    state.apply(Kind.GPU, "ADDED", gpu("g1", "n1"))
+    pods = Pods()
+    api = FakeApi(pods)
+    events = Events()
+    metrics = Metrics()
+    binder = Binder(state, pods, api, events, metrics, settle_grace=3600)
+    preemptor = Preemptor(state, api, events, metrics)
+    handlers = Handlers(state, binder, metrics, unsynced=lambda: [], observers=[preemptor.consider],
+                        gate=preemptor.filter_gate, deadline=2.0)
+
+    async def static_view(_pod: KubeObject, _namespace: str) -> ClusterView:
+        return view()
+
+    service = WebhookService(static_view, lambda: True, request_timeout=3.0)
+    running = [_serve(extender_app(handlers)), _serve(webhook_app(service))]
+    yield {"extender": running[0][0], "webhook": running[1][0]}
+    for _, loop, thread in running:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def _post(port: int, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=ANSWER_WITHIN * 2)
+    try:
+        connection.request("POST", path, body=body, headers={**headers, "Content-Length": str(len(body))})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                 HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_hostile_bodies_get_an_answer_in_time(servers: dict[str, int], target: str, data: st.DataObject,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    body, headers = data.draw(hostile(target))
+    port = servers["webhook" if target == "/mutate" else "extender"]
+    caplog.clear()
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO):
+        status, answer = _post(port, target, body, headers)
+    elapsed = time.monotonic() - started
+    assert status < 500 or (target.endswith("/prioritize") and status == 503), (status, answer[:300])
+    assert elapsed < ANSWER_WITHIN, f"{target} answered after {elapsed:.1f}s"
+    with contextlib.suppress(ValueError):
+        decoded = json.loads(answer)
+        if status == 200 and target.endswith(("/filter", "/bind", "/preempt")):
+            assert isinstance(decoded, dict)
+    # one line per request at most, never a traceback
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
