@@ -82,8 +82,9 @@ def _setup(**settings: Any) -> tuple[ClusterState, Store, GPUStatusWriter, Clock
 
 
 def _bind(state: ClusterState, store: Store, name: str, gpu_ids: str, node: str = "n1",
-          tflops: str = "30", workload: str | None = None) -> dict[str, Any]:
+          tflops: str = "30", workload: str | None = None, vram: str = "4Gi") -> dict[str, Any]:
     p = pod(name, f"uid-{name}", tflops=tflops, node=node, gpu_ids=gpu_ids, phase="Running")
+    p["metadata"]["annotations"]["tensor-fusion.ai/vram-request"] = vram
     if workload:
         p["metadata"]["labels"]["tensor-fusion.ai/workload"] = workload
     state.apply(Kind.POD, "ADDED", p)
@@ -123,8 +124,8 @@ def test_a_burst_of_binds_costs_one_write_per_touched_gpu_per_pass():
     state, store, writer, clock = _setup(pool_interval=5.0)
     asyncio.run(writer.step())
     store.writes.clear()
-    for i in range(1000):
-        _bind(state, store, f"p{i}", "g1", tflops="0.05")
+    for i in range(1000):  # small enough that all 1,000 fit: the ledger counts no pod over capacity
+        _bind(state, store, f"p{i}", "g1", tflops="0.05", vram="64Mi")
     clock.now += 1
     asyncio.run(writer.step())
     assert store.writes == [("gpus", "g1")]  # the pool waits for its own interval
