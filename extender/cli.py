@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="at most this many GPU pods per node (default 256)")
     serve.add_argument("--no-preemptor", action="store_true",
                        help="do not delete lower-priority GPU pods for pods that fit nowhere")
+    serve.add_argument("--bind-deadline", type=_positive_seconds, default=25.0,
+                       help="answer a bind within this many seconds, even while its outcome is still being "
+                            "found out; keep it below the scheduler's extender httpTimeout (default 25)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--write-gpu-status", action="store_true",
                        help="keep GPU status.available / status.runningApps and GPUPool status totals in "
@@ -118,6 +121,7 @@ def serve(args: argparse.Namespace) -> int:
         defrag=args.defrag, defrag_replacement_timeout=args.defrag_replacement_timeout,
         autoscaler=autoscaler_config.from_args(args),
         capacity=capacity_config.from_args(args, lease_namespace=args.expansion_lease_namespace),
+        bind_deadline=args.bind_deadline,
     )
     try:
         asyncio.run(_run(ExtenderService(api_client, settings)))
@@ -140,4 +144,14 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
     return value

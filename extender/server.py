@@ -42,6 +42,9 @@ FilterObserver = Callable[[dict[str, Any], FilterOutcome], None]
 
 DEFAULT_PREFIX = "/scheduler"
 DEFAULT_DEADLINE = 4.0  # kube-scheduler's extender httpTimeout defaults to 5 s
+# A bind answers by then even if its outcome is still unknown; chosen together with the httpTimeout of
+# manifests/scheduler/kube-scheduler-config.yaml (30 s), which explains both numbers.
+DEFAULT_BIND_DEADLINE = 25.0
 DEFAULT_MAX_BODY = 64 * 1024 * 1024  # full-Node filter calls of a large cluster are big
 
 STATE_KEY = web.AppKey("state", ClusterState)
@@ -57,7 +60,7 @@ class Handlers:
                  unsynced: Callable[[], list[str]], observers: Sequence[FilterObserver] = (),
                  gate: Callable[[dict[str, Any]], str | None] | None = None,
                  fence: Callable[[dict[str, Any], FilterOutcome], FilterOutcome] | None = None,
-                 deadline: float = DEFAULT_DEADLINE) -> None:
+                 deadline: float = DEFAULT_DEADLINE, bind_deadline: float = DEFAULT_BIND_DEADLINE) -> None:
         self.state = state
         self.binder = binder
         self.metrics = metrics
@@ -68,6 +71,7 @@ class Handlers:
         # narrows the fitting nodes after the observers saw the full outcome (defragmentation's fence)
         self.fence = fence
         self.deadline = deadline
+        self.bind_deadline = bind_deadline
 
     def _not_ready(self) -> str | None:
         waiting = self.unsynced()
@@ -160,10 +164,10 @@ class Handlers:
             task = self.binder.start_bind(args)
             try:
                 # shield: on timeout the bind goes on (and cleans up after itself) in the background
-                error = await asyncio.wait_for(asyncio.shield(task), self.deadline)
+                error = await asyncio.wait_for(asyncio.shield(task), self.bind_deadline)
             except TimeoutError:
                 error = (f"bind of {args.pod_namespace}/{args.pod_name} still in progress "
-                         f"after {self.deadline}s")
+                         f"after {self.bind_deadline}s (a retry joins it)")
                 return _json(ExtenderBindingResult(error=error).wire()), "timeout"
             return _json(ExtenderBindingResult(error=error).wire()), "error" if error else "ok"
 

@@ -36,6 +36,7 @@ from extender.expansion.placeholder_port import attach_placeholders
 from extender.expansion.provisioner import AutoscalerConfig
 from extender.gpustatus import GPUStatusWriter, KubeStatusApi, StatusSettings
 from extender.kube import resources
+from extender.kube.aio import AsyncKube
 from extender.kube.events import EventRecorder
 from extender.kube.informer import WatchCache
 from extender.kube.pods import KubePodApi
@@ -45,7 +46,14 @@ from extender.lifecycle.controllers import CapacityControllers
 from extender.metrics import Metrics, NodeUse, PoolUse
 from extender.preemptor import Preemptor
 from extender.reservations import ReservationKeeper
-from extender.server import DEFAULT_DEADLINE, DEFAULT_PREFIX, FilterObserver, Handlers, create_app
+from extender.server import (
+    DEFAULT_BIND_DEADLINE,
+    DEFAULT_DEADLINE,
+    DEFAULT_PREFIX,
+    FilterObserver,
+    Handlers,
+    create_app,
+)
 from extender.state import ClusterState, InventorySource, Kind
 from extender.stranded import StrandedCollector
 
@@ -66,6 +74,7 @@ class Settings:
     max_pods_per_node: int = 256
     preemptor: bool = True
     deadline: float = DEFAULT_DEADLINE
+    bind_deadline: float = DEFAULT_BIND_DEADLINE
     shutdown_timeout: float = 15.0
     expansion: ExpansionConfig = field(default_factory=ExpansionConfig)
     gpu_status: StatusSettings | None = None  # --write-gpu-status
@@ -106,7 +115,8 @@ class ExtenderService:
                                   on_refused=self.distrusted)
         self.caches = build_caches(api_client, self.state, settings.inventory)
         self.recorder = EventRecorder(api_client, COMPONENT)
-        pod_api = KubePodApi(api_client)
+        self.kube = AsyncKube.from_api_client(api_client)
+        pod_api = KubePodApi(self.kube)
         self.binder = Binder(self.state, self.caches["pods"], pod_api, self.recorder, self.metrics)
         self.preemptor = (Preemptor(self.state, pod_api, self.recorder, self.metrics)
                           if settings.preemptor else None)
@@ -140,6 +150,7 @@ class ExtenderService:
             all_observers.append(self.expander.observe)
         self.handlers = Handlers(self.state, self.binder, self.metrics, unsynced=self.unsynced,
                                  observers=all_observers, deadline=settings.deadline,
+                                 bind_deadline=settings.bind_deadline,
                                  gate=self.preemptor.filter_gate if self.preemptor is not None else None,
                                  fence=self.defragmenter.restrict if self.defragmenter is not None else None)
         self.metrics.on_scrape(self.refresh_gauges)
@@ -233,6 +244,7 @@ class ExtenderService:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             await self.recorder.stop()
+            await self.kube.close()
 
 
 class _NoObjects:

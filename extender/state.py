@@ -522,7 +522,18 @@ class ClusterState:
             self._judge(table, name, parsed)
         return table
 
+    def _held_node(self, pod: Mapping[str, Any]) -> str | None:
+        """The node of the pod's own reservation: its bind is in flight, or done and not yet watched."""
+        held = self._reservations.get(pod_uid(pod)) if self._reservations else None
+        return held[0].node if held is not None else None
+
     def filter(self, pod: dict[str, Any], node_names: Sequence[str]) -> FilterOutcome:
+        if (held := self._held_node(pod)) is not None:
+            # A scheduler retry of a pod whose bind is under way: only that node, so the retried bind joins
+            # the one in flight instead of taking a second share elsewhere.
+            message = f"the pod's bind to node {held} is in progress"
+            return FilterOutcome([n for n in node_names if n == held],
+                                 {n: message for n in node_names if n != held}, {}, None, False)
         parsed = self._parse(pod, self._default_pool)
         if isinstance(parsed, ContractError):
             return FilterOutcome([], {}, {}, str(parsed), False)
@@ -537,6 +548,8 @@ class ClusterState:
         return FilterOutcome(fits, failed, unresolvable, None, not fits and bool(failed))
 
     def prioritize(self, pod: dict[str, Any], node_names: Sequence[str]) -> list[tuple[str, int]]:
+        if (held := self._held_node(pod)) is not None:
+            return [(name, MAX_SCORE if name == held else 0) for name in node_names]
         parsed = self._parse(pod, self._default_pool)
         if isinstance(parsed, ContractError):
             return [(name, 0) for name in node_names]
@@ -592,6 +605,18 @@ class ClusterState:
         self._reserved_pods[uid] = _Pod(uid, key, node, "", pod_index(pod), priority)
         self._touch(self._ledger.reserve(allocation))
         return reservation
+
+    def reservation(self, uid: str) -> Reservation | None:
+        """The reservation of a bind that has not been seen in the watched pod yet, if any."""
+        held = self._reservations.get(uid)
+        return held[0] if held is not None else None
+
+    def confirm(self, pod: dict[str, Any]) -> None:
+        """A pod read from the API server shows it bound with its GPUs: count that allocation now
+        instead of when the watch delivers it (the watch later brings the same or a newer state)."""
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        if (pod.get("spec") or {}).get("nodeName") and annotations.get(GPU_IDS):
+            self._apply_pod(pod, False)
 
     def release(self, reservation: Reservation) -> None:
         held = self._reservations.get(reservation.pod_uid)

@@ -1,19 +1,20 @@
-"""The pod writes of the extender (annotate, bind, delete), async and as raw JSON.
+"""The pod writes of the extender (label, bind, index, delete), async and as raw JSON.
 
-Kept behind a small protocol so the binder and the preemptor can be tested with a fake.
+Requests go out on the event loop through ``AsyncKube`` (one keep-alive connection pool), never on a
+thread pool. Kept behind a small protocol so the binder and the preemptor can be tested with a fake.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol, cast
 
-from kubernetes import client
-
-from extender.kube.client import api_call, request_json
+from extender.kube.aio import AsyncKube
 from extender.kube.resources import PODS, object_path
 
-# Each call must end well inside the scheduler's 5 s extender timeout.
-WRITE_TIMEOUT = (1.0, 2.0)
+# One request's limit. A slow but healthy API server answers well inside it; a request that takes
+# longer has an unknown outcome, which the binder resolves by asking again (see extender/binder.py).
+REQUEST_TIMEOUT = 10.0
 
 
 class PodApi(Protocol):
@@ -21,16 +22,29 @@ class PodApi(Protocol):
 
     async def merge_patch(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]: ...
 
-    async def json_patch(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]: ...
-
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+    async def bind(self, namespace: str, name: str, uid: str, node: str,
+                   annotations: Mapping[str, str]) -> None: ...
 
     async def delete(self, namespace: str, name: str, uid: str) -> None: ...
 
 
+def binding_body(name: str, namespace: str, uid: str, node: str,
+                 annotations: Mapping[str, str]) -> dict[str, Any]:
+    """A Binding that sets the node and, in the same write, the pod's annotations: kube-apiserver copies
+    a Binding's ``metadata.annotations`` onto the pod (pod storage, ``setPodNodeAndMetadata``)."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace,
+                                # the uid makes the API server refuse a pod of the same name created meanwhile
+                                "uid": uid}
+    if annotations:
+        metadata["annotations"] = dict(annotations)
+    return {"apiVersion": "v1", "kind": "Binding", "metadata": metadata,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+
+
 class KubePodApi:
-    def __init__(self, api_client: client.ApiClient) -> None:
-        self.api_client = api_client
+    def __init__(self, kube: AsyncKube, *, timeout: float = REQUEST_TIMEOUT) -> None:
+        self.kube = kube
+        self.timeout = timeout
 
     async def get(self, namespace: str, name: str) -> dict[str, Any]:
         return cast(dict[str, Any], await self._call("GET", object_path(PODS, name, namespace)))
@@ -39,18 +53,10 @@ class KubePodApi:
         return cast(dict[str, Any], await self._call("PATCH", object_path(PODS, name, namespace), patch,
                                                      "application/merge-patch+json"))
 
-    async def json_patch(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
-        return cast(dict[str, Any], await self._call("PATCH", object_path(PODS, name, namespace), ops,
-                                                     "application/json-patch+json"))
-
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        body = {
-            "apiVersion": "v1", "kind": "Binding",
-            # The uid makes the API server refuse a pod of the same name created meanwhile.
-            "metadata": {"name": name, "namespace": namespace, "uid": uid},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-        }
-        await self._call("POST", object_path(PODS, name, namespace, "binding"), body)
+    async def bind(self, namespace: str, name: str, uid: str, node: str,
+                   annotations: Mapping[str, str]) -> None:
+        await self._call("POST", object_path(PODS, name, namespace, "binding"),
+                         binding_body(name, namespace, uid, node, annotations))
 
     async def delete(self, namespace: str, name: str, uid: str) -> None:
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
@@ -58,5 +64,5 @@ class KubePodApi:
 
     async def _call(self, method: str, path: str, body: Any = None,
                     content_type: str = "application/json") -> Any:
-        return await api_call(request_json, self.api_client, method, path, body=body,
-                              content_type=content_type, timeout=WRITE_TIMEOUT)
+        return await self.kube.request(method, path, body=body, content_type=content_type,
+                                       timeout=self.timeout)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes.client import ApiException
@@ -45,19 +46,28 @@ class Pods:
 
 
 class FakeApi:
-    """The binder's I/O boundary: records calls, fails on demand."""
+    """The binder's I/O boundary: records calls, fails on demand.
+
+    ``fail[what]`` is raised by every call of that kind; ``fail_next[what]`` lists errors raised by the
+    next calls, one each, before calls succeed again. ``bound_after`` makes a failing Binding take
+    effect anyway (as a timed-out request that the API server completes), so reads show it bound.
+    """
 
     def __init__(self, pods: Pods) -> None:
         self.pods = pods
         self.calls: list[tuple[str, Any]] = []
         self.fail: dict[str, Exception] = {}
+        self.fail_next: dict[str, list[Exception]] = {}
         self.gate: asyncio.Event | None = None
         self.node_after_bind_error: str | None = None
+        self.bound_after: bool = False
 
     async def _step(self, what: str, detail: Any) -> None:
         self.calls.append((what, detail))
         if what == "bind" and self.gate is not None:
             await self.gate.wait()
+        if self.fail_next.get(what):
+            raise self.fail_next[what].pop(0)
         if what in self.fail:
             raise self.fail[what]
 
@@ -74,12 +84,25 @@ class FakeApi:
         await self._step("merge_patch", patch)
         return {}
 
-    async def json_patch(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
-        await self._step("json_patch", ops)
-        return {}
+    async def bind(self, namespace: str, name: str, uid: str, node: str,
+                   annotations: Mapping[str, str]) -> None:
+        try:
+            await self._step("bind", (name, uid, node, dict(annotations)))
+        except Exception:
+            if self.bound_after:
+                self._store_binding(namespace, name, node, annotations)
+            raise
+        self._store_binding(namespace, name, node, annotations)
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        await self._step("bind", (name, uid, node))
+    def _store_binding(self, namespace: str, name: str, node: str, annotations: Mapping[str, str]) -> None:
+        found = self.pods.get(name, namespace)
+        if found is not None and not found["spec"].get("nodeName"):
+            self.pods.pods[(namespace, name)] = {
+                **found, "metadata": {**found["metadata"],
+                                      "annotations": {**found["metadata"]["annotations"], **annotations}},
+                "spec": {**found["spec"], "nodeName": node}}
+        elif found is not None:
+            raise ApiException(status=409, reason="Conflict")
 
     async def delete(self, namespace: str, name: str, uid: str) -> None:
         await self._step("delete", (name, uid))

@@ -65,7 +65,7 @@ class World:
         self.preemptor = Preemptor(self.state, self.api, self.events, self.metrics)
         self.handlers = Handlers(self.state, self.binder, self.metrics, unsynced=lambda: self.unsynced,
                                  observers=[self.preemptor.consider], gate=self.preemptor.filter_gate,
-                                 deadline=0.5)
+                                 deadline=0.5, bind_deadline=0.5)
 
     def add_pod(self, pod: dict[str, Any]) -> None:
         self.pods.pods[(pod["metadata"]["namespace"], pod["metadata"]["name"])] = pod
@@ -138,7 +138,7 @@ async def test_bind_commits_gpus_and_binds(http: Any, world: World) -> None:
     world.state.apply(Kind.POD, "DELETED", wire_pod("a", "u-a"))  # only in the cache, not yet in state
     status, body = await post(http, "bind", BIND_A)
     assert (status, body) == (200, {"Error": ""})
-    assert [c[0] for c in world.api.calls] == ["merge_patch", "bind"]
+    assert [c[0] for c in world.api.calls] == ["bind"]  # one write: the Binding carries the GPUs
     assert world.events.recorded[-1][1] == "GPUDeviceAllocated"
     await world.binder.drain()
 

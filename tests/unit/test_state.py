@@ -244,6 +244,17 @@ def test_filter_has_no_side_effects_and_reserve_takes_capacity() -> None:
         state.reserve(pod("b", "60"), "n")
 
 
+def test_a_pod_whose_bind_is_under_way_is_offered_only_that_node() -> None:
+    state = make(gpu("g1", "n1"), gpu("g2", "n2"))
+    reservation = state.reserve(pod("a", "60"), "n1")
+    outcome = state.filter(pod("a", "60"), ["n1", "n2"])
+    assert outcome.fits == ["n1"]
+    assert outcome.failed == {"n2": "the pod's bind to node n1 is in progress"}
+    assert state.prioritize(pod("a", "60"), ["n2", "n1"]) == [("n2", 0), ("n1", 10)]
+    state.release(reservation)
+    assert state.filter(pod("a", "60"), ["n1", "n2"]).fits == ["n1", "n2"]
+
+
 def test_release_frees_the_reservation_and_is_idempotent() -> None:
     state = make(gpu("g", "n"))
     reservation = state.reserve(pod("a", "60"), "n")

@@ -1,0 +1,111 @@
+"""A non-blocking API client for the extender's writes: raw JSON requests on the event loop.
+
+One ``aiohttp`` session with one keep-alive connection pool, created on first use inside the running
+loop. Address, credentials and TLS come from the same ``kubernetes.client.Configuration`` the watches
+use (a kubeconfig or the in-cluster service account), so both agree on where and who they are. The
+bearer token is read through the configuration on every request, so a refreshed in-cluster token is
+picked up. Errors are raised as the client library's ``ApiException`` so ``error_status`` and
+``error_message`` read them alike.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+from kubernetes import client
+
+from extender.kube.client import ApiException
+
+# Concurrent requests beyond this wait for a free connection instead of opening more: a burst of
+# binds against a slow API server must not turn into hundreds of TLS handshakes.
+POOL_SIZE = 32
+
+
+class UnknownOutcome(Exception):
+    """The request may or may not have taken effect (timeout, connection lost after sending)."""
+
+
+def ssl_context(configuration: client.Configuration) -> ssl.SSLContext | bool:
+    """The TLS settings of ``configuration``: its CA, client certificate and verification choice."""
+    if not str(configuration.host).startswith("https"):
+        return False
+    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert or None,
+                                         cadata=getattr(configuration, "ca_cert_data", None) or None)
+    if configuration.cert_file:
+        context.load_cert_chain(configuration.cert_file, configuration.key_file or None)
+    if not configuration.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif configuration.assert_hostname is False:
+        context.check_hostname = False
+    return context
+
+
+class AsyncKube:
+    def __init__(self, configuration: client.Configuration, *, pool_size: int = POOL_SIZE) -> None:
+        self.configuration = configuration
+        self.host = str(configuration.host).rstrip("/")
+        self.pool_size = pool_size
+        self._session: aiohttp.ClientSession | None = None
+        self._ssl = ssl_context(configuration)
+
+    @classmethod
+    def from_api_client(cls, api_client: client.ApiClient, **kwargs: Any) -> AsyncKube:
+        return cls(api_client.configuration, **kwargs)
+
+    def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": "tf-extender"}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        token = self.configuration.get_api_key_with_prefix("authorization")
+        if token:
+            headers["Authorization"] = token
+        elif self.configuration.username or self.configuration.password:
+            headers["Authorization"] = str(self.configuration.get_basic_auth_token())
+        return headers
+
+    def _session_now(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self.pool_size, ssl=self._ssl, keepalive_timeout=60)
+            self._session = aiohttp.ClientSession(connector=connector, json_serialize=json.dumps)
+        return self._session
+
+    async def request(self, method: str, path: str, *, body: Any = None,
+                      content_type: str = "application/json", timeout: float = 30.0,
+                      query: Mapping[str, str] | None = None) -> Any:
+        """Send one request, answer its decoded JSON body.
+
+        Raises ``ApiException`` for an answer other than 2xx, ``UnknownOutcome`` when the request was
+        sent but no answer came (a write may then have happened), and ``aiohttp.ClientError`` when it
+        could not be sent at all.
+        """
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        session = self._session_now()
+        server_hostname = getattr(self.configuration, "tls_server_name", None) or None
+        # connect covers waiting for a pooled connection too; sock_read is the wait for the answer.
+        limits = aiohttp.ClientTimeout(total=None, connect=timeout, sock_read=timeout)
+        try:
+            async with session.request(
+                method, self.host + path, data=data, params=query,
+                headers=self._headers(content_type if data is not None else None),
+                timeout=limits, server_hostname=server_hostname,
+            ) as response:
+                raw = await response.read()
+                status, reason = response.status, response.reason
+        except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError):
+            raise  # never connected: nothing was sent
+        except (TimeoutError, aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError,
+                aiohttp.ClientOSError) as exc:
+            raise UnknownOutcome(f"{method} {path}: no answer ({type(exc).__name__}: {exc})") from exc
+        if not 200 <= status <= 299:
+            raise ApiException(status=status, reason=reason, body=raw.decode(errors="replace"))
+        return json.loads(raw) if raw else None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

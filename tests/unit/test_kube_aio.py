@@ -1,0 +1,118 @@
+"""The non-blocking API client: credentials from the configuration, answers, and which failures leave a
+write's outcome unknown."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from kubernetes import client
+
+from extender.kube.aio import AsyncKube, UnknownOutcome
+from extender.kube.client import ApiException, error_message, error_status
+from extender.kube.pods import KubePodApi
+
+
+def configuration(host: str) -> client.Configuration:
+    config = client.Configuration()
+    config.host = host
+    config.api_key = {"authorization": "token-1"}
+    config.api_key_prefix = {"authorization": "Bearer"}
+    return config
+
+
+async def serve(handler: Any) -> TestServer:
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    server = TestServer(app)
+    await server.start_server()
+    return server
+
+
+async def test_a_binding_is_posted_with_the_token_and_the_pods_annotations() -> None:
+    seen: list[tuple[str, str, str | None, Any]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        auth = request.headers.get("Authorization")
+        seen.append((request.method, request.path, auth, await request.json()))
+        return web.json_response({"kind": "Status", "status": "Success"}, status=201)
+
+    server = await serve(handler)
+    kube = AsyncKube(configuration(str(server.make_url("")).rstrip("/")))
+    try:
+        await KubePodApi(kube).bind("ml", "a", "u1", "n1", {"tensor-fusion.ai/gpu-ids": "g1"})
+    finally:
+        await kube.close()
+        await server.close()
+    [(method, path, auth, body)] = seen
+    assert (method, path, auth) == ("POST", "/api/v1/namespaces/ml/pods/a/binding", "Bearer token-1")
+    assert body["metadata"] == {"name": "a", "namespace": "ml", "uid": "u1",
+                                "annotations": {"tensor-fusion.ai/gpu-ids": "g1"}}
+    assert body["target"] == {"apiVersion": "v1", "kind": "Node", "name": "n1"}
+
+
+async def test_an_error_answer_is_an_api_exception_with_the_servers_message() -> None:
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response({"kind": "Status", "message": 'pod a is already assigned to node "n2"'},
+                                 status=409)
+
+    server = await serve(handler)
+    kube = AsyncKube(configuration(str(server.make_url("")).rstrip("/")))
+    try:
+        with pytest.raises(ApiException) as caught:
+            await kube.request("POST", "/api/v1/namespaces/ml/pods/a/binding", body={})
+    finally:
+        await kube.close()
+        await server.close()
+    assert error_status(caught.value) == 409
+    assert error_message(caught.value) == 'HTTP 409: pod a is already assigned to node "n2"'
+
+
+async def test_no_answer_in_time_is_an_unknown_outcome() -> None:
+    async def handler(request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.json_response({})
+
+    server = await serve(handler)
+    kube = AsyncKube(configuration(str(server.make_url("")).rstrip("/")))
+    try:
+        with pytest.raises(UnknownOutcome):
+            await kube.request("POST", "/x", body={}, timeout=0.2)
+    finally:
+        await kube.close()
+        await server.close()
+
+
+async def test_a_refused_connection_is_not_an_unknown_outcome() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    kube = AsyncKube(configuration(f"http://127.0.0.1:{port}"))
+    try:
+        with pytest.raises(aiohttp.ClientConnectorError):
+            await kube.request("GET", "/api/v1/namespaces/ml/pods/a", timeout=1)
+    finally:
+        await kube.close()
+
+
+async def test_requests_share_one_keep_alive_connection() -> None:
+    peers: set[Any] = set()
+
+    async def handler(request: web.Request) -> web.Response:
+        peers.add(request.transport.get_extra_info("peername") if request.transport else None)
+        return web.json_response({"ok": True})
+
+    server = await serve(handler)
+    kube = AsyncKube(configuration(str(server.make_url("")).rstrip("/")))
+    try:
+        for _ in range(5):
+            assert await kube.request("GET", "/y") == {"ok": True}
+    finally:
+        await kube.close()
+        await server.close()
+    assert len(peers) == 1
