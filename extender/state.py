@@ -17,9 +17,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
-from itertools import filterfalse, repeat
+from itertools import compress, filterfalse, repeat
 from typing import Any
 
+from extender.columns import GPUColumns
 from extender.contract import (
     ALLOCATED,
     GPU_IDS,
@@ -71,6 +72,7 @@ _VERDICT_CACHE_SHAPES = 64
 _CHANGE_LOG_SIZE = 100_000
 _SCORE_LEVELS = MAX_SCORE - MIN_FIT_SCORE + 1
 _LEDGER_POOL = "-"  # the pool does not change what a bound pod holds
+_VECTOR_MIN = 64  # this many nodes to judge at once: the columnar check (extender/columns.py) pays off
 
 
 class Kind(StrEnum):
@@ -277,6 +279,8 @@ class ClusterState:
         self._loads: dict[str, dict[str | None, float]] = {}
         self._requests: dict[tuple[str, str, str | None], _Parsed | tuple[str, str]] = {}
         self._tables: OrderedDict[tuple[object, ...], _Table] = OrderedDict()
+        self._columns = GPUColumns(self._slots, self._ledger.pods_on)
+        self.vector_min = _VECTOR_MIN
 
     # --- events -----------------------------------------------------------------------------------
 
@@ -405,9 +409,11 @@ class ClusterState:
         self._touch(touched)
 
     def _touch(self, nodes: Iterable[str]) -> None:
+        mark = self._columns.mark_node
         for node in nodes:
             self._tick += 1
             self._changes.append(node)
+            mark(node)
             by_pool: dict[str | None, list[Slot]] = {}
             for slot in self._slots(node):
                 by_pool.setdefault(slot.device.pool, []).append(slot)
@@ -518,8 +524,22 @@ class ClusterState:
     def _verdicts_for(self, parsed: _Parsed, node_names: Sequence[str]) -> _Table:
         table = self._table(parsed)
         # map/filter keep the per-node work in C: this is the hot path at thousands of nodes.
-        for name in filterfalse(table.verdicts.__contains__, node_names):
-            self._judge(table, name, parsed)
+        missing = list(filterfalse(table.verdicts.__contains__, node_names))
+        fits = (self._columns.fitting_nodes(missing, parsed.request, parsed.demand, self._max_pods)
+                if len(missing) >= self.vector_min else None)
+        if fits is None:
+            for name in missing:
+                self._judge(table, name, parsed)
+            return table
+        # A new request shape: the columns find the nodes that fit at once; only the others are judged
+        # one by one, for the reason their verdict gives.
+        verdicts, fit_load, loads, pool = table.verdicts, table.fit_load, self._loads, parsed.request.pool
+        for name, fits_now in zip(missing, fits, strict=True):
+            if fits_now:
+                verdicts[name] = _FITS
+                fit_load[name] = loads[name].get(pool, 0.0)
+            else:
+                self._judge(table, name, parsed)
         return table
 
     def _held_node(self, pod: Mapping[str, Any]) -> str | None:
@@ -565,8 +585,8 @@ class ClusterState:
         score_of: dict[float | None, int] = {v: MAX_SCORE - shift - rank for rank, v in enumerate(best)}
         score_of[None] = 0
         scores = list(map(score_of.get, map(fit_load.get, node_names), repeat(MIN_FIT_SCORE)))
-        if best:
-            first = min(n for n in node_names if fit_load.get(n) == best[0])
+        if shift:  # without ties the first choice already scores 10; with them, the first by name does
+            first = min(compress(node_names, map((MAX_SCORE - 1).__eq__, scores)))
             scores[node_names.index(first)] = MAX_SCORE
         return list(zip(node_names, scores, strict=False))
 

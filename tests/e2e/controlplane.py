@@ -1308,10 +1308,10 @@ class ExtenderRunner:
         proc.stop()  # closes the log
         self.cp.registry.forget(proc)
 
-    def restart(self) -> ManagedProcess:
+    def restart(self, timeout: float = 60) -> ManagedProcess:
         flags = dict(self.flags or self.DEFAULT_FLAGS)
         self.stop()
-        return self._start(flags)
+        return self._start(flags, timeout)
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -250,3 +250,27 @@ def test_verbs_never_raise_on_random_annotations(
     state.preempt(candidate, nodes)
     bound = {**candidate, "spec": {"nodeName": nodes[0]}}
     state.apply(Kind.POD, "ADDED", bound)  # a bound pod with nonsense annotations is not counted
+
+
+pins = st.fixed_dictionaries({}, optional={
+    contract.GPU_MODEL: st.sampled_from(["X", "Y"]),
+    contract.VENDOR: st.sampled_from(["NVIDIA", "AMD"]),
+    contract.GPU_INDICES: st.sampled_from(["0", "1"]),
+    contract.GPU_POOL: st.sampled_from(["p", "q"]),
+})
+
+
+@PROPERTY_SETTINGS
+@given(clusters, st.lists(requests, min_size=1, max_size=4), operations, pins)
+def test_the_columnar_fit_check_agrees_with_the_per_node_check(
+    cluster: list[dict[str, Any]], reqs: list[dict[str, str]], ops: list[tuple[str, int, int]],
+    pin: dict[str, str],
+) -> None:
+    vector, _, _ = run(cluster, reqs, ops)
+    per_node, _, _ = run(cluster, reqs, ops)
+    vector.vector_min, per_node.vector_min = 0, 10**9
+    nodes = [f"n{i}" for i in range(4)]  # n3 may be unknown: never fits
+    for number, wanted in enumerate(reqs):
+        asked = pod(100 + number, {**wanted, **pin}, 1)
+        assert vector.filter(asked, nodes) == per_node.filter(asked, nodes)
+        assert vector.prioritize(asked, nodes) == per_node.prioritize(asked, nodes)
