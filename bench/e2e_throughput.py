@@ -10,6 +10,14 @@ run twice on the same kwok nodes (8 GPUs each, advertised both as TensorFusion G
    fractional pods cycling through the five TensorFusion benchmark shapes, already in the canonical form
    the webhook writes (admission is measured by the webhook benchmark).
 
+Two more variants, each measured beside its own baseline in the same run:
+
+- *contended*: kube-apiserver and etcd at the lowest CPU priority (nice 19, every thread) with busy-loop
+  processes oversubscribing every core, during both phases (tests/e2e/starve.py): the API server is the
+  slow part, as in an overloaded production control plane;
+- *unthrottled*: kube-scheduler's clientConnection qps/burst raised to 500/1000 for both phases, so the
+  baseline is no longer capped by the default 50 QPS.
+
 All pods of a phase are created before its scheduler starts; a raw watch stamps each pod when
 ``spec.nodeName`` appears, and throughput is (pods - 1) / (last bind - first bind). The extender's share
 of scheduling time comes from its ``tf_extender_request_duration_seconds`` histograms (sum over the
@@ -19,6 +27,7 @@ phase) against the scheduler's ``scheduler_scheduling_attempt_duration_seconds``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -28,6 +37,8 @@ import subprocess
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +46,10 @@ from bench import fixtures
 from bench.common import TMP_DIR, BenchResult, Table, Target, console_script, log, quick_mode, ratio
 
 TARGET_RATIO = 0.8
+VARIANTS = ("contended", "unthrottled")
+VARIANT_TARGETS = {"contended": 0.6, "unthrottled": 0.7}
+TARGET_FAILED_SHARE = 0.01
+UNTHROTTLED = {"qps": 500, "burst": 1000}
 BASELINE_SCHEDULER = "bench-baseline-scheduler"
 NAMESPACE_BASE = "bench-whole"
 NAMESPACE_TF = "bench-tf"
@@ -60,6 +75,38 @@ def parse_prometheus(text: str) -> dict[tuple[str, str], float]:
 
 def metric_sum(samples: dict[tuple[str, str], float], name: str, label_filter: str = "") -> float:
     return sum(v for (n, labels), v in samples.items() if n == name and label_filter in labels)
+
+
+def histogram_quantiles(after: dict[tuple[str, str], float], before: dict[tuple[str, str], float],
+                        name: str, label_filter: str, quantiles: tuple[float, ...] = (0.5, 0.99)
+                        ) -> list[float | None]:
+    """Quantiles of a Prometheus histogram's increase between two scrapes, interpolated inside buckets
+    (as histogram_quantile does); a quantile in the +Inf bucket is reported as the largest finite bound."""
+    counts: dict[float, float] = {}
+    for (n, labels), value in after.items():
+        if n == name + "_bucket" and label_filter in labels:
+            m = re.search(r'le="([^"]+)"', labels)
+            if m:
+                bound = float("inf") if m.group(1) == "+Inf" else float(m.group(1))
+                counts[bound] = counts.get(bound, 0.0) + value - before.get((n, labels), 0.0)
+    ordered = sorted(counts.items())
+    total = ordered[-1][1] if ordered else 0.0
+    out: list[float | None] = []
+    for q in quantiles:
+        if total <= 0:
+            out.append(None)
+            continue
+        rank, lower, below = q * total, 0.0, 0.0
+        for bound, cumulative in ordered:
+            if cumulative >= rank:
+                if bound == float("inf"):
+                    out.append(lower)
+                else:
+                    share = (rank - below) / (cumulative - below) if cumulative > below else 1.0
+                    out.append(round(lower + (bound - lower) * share, 4))
+                break
+            lower, below = bound, cumulative
+    return out
 
 
 def fetch(url: str, ctx: ssl.SSLContext | None = None) -> str:
@@ -240,7 +287,11 @@ def _delta(after: dict[tuple[str, str], float], before: dict[tuple[str, str], fl
 
 def run_phase(cluster: Any, name: str, namespace: str, pods: list[dict[str, Any]], config: dict[str, Any],
               timeout: float, extender_port: int | None = None, extender_pid: int | None = None,
-              profile: tuple[int, Path] | None = None) -> dict[str, Any]:
+              profile: tuple[int, Path] | None = None,
+              conditions: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
+              ) -> dict[str, Any]:
+    """One phase: create the pods, start a scheduler (under ``conditions``, e.g. a starved API server),
+    measure until every pod is bound or ``timeout``."""
     from bench.cluster import cpl, ensure_namespace
     from bench.profiling import PySpy
 
@@ -252,18 +303,24 @@ def run_phase(cluster: Any, name: str, namespace: str, pods: list[dict[str, Any]
     pids = {"kube-apiserver": cluster.cp.apiserver.pid, "etcd": cluster.cp.etcd.pid,
             **({"tf-extender": extender_pid} if extender_pid else {})}
     cpu_before = {k: cpu_seconds(p) for k, p in pids.items()}
-    t_start = time.monotonic()
-    sched = cpl.start_scheduler(cluster.cp, cluster.binaries["kube-scheduler"], "", name=name, config=config)
-    pids["kube-scheduler"] = sched.pid  # a new process: all of its CPU counts
-    cpu_before["kube-scheduler"] = 0.0
-    try:
-        if profile:
-            with PySpy(profile[0], profile[1]):
+    with conditions():
+        t_start = time.monotonic()
+        sched = cpl.start_scheduler(cluster.cp, cluster.binaries["kube-scheduler"], "", name=name,
+                                    config=config, timeout=180)
+        pids["kube-scheduler"] = sched.pid  # a new process: all of its CPU counts
+        cpu_before["kube-scheduler"] = 0.0
+        try:
+            if profile:
+                with PySpy(profile[0], profile[1]):
+                    finished = watch.wait(timeout)
+            else:
                 finished = watch.wait(timeout)
-        else:
-            finished = watch.wait(timeout)
-        t_end = time.monotonic()
-        cpu = {k: round(cpu_seconds(p) - cpu_before[k], 1) for k, p in pids.items()}
+            t_end = time.monotonic()
+            cpu = {k: round(cpu_seconds(p) - cpu_before[k], 1) for k, p in pids.items()}
+        except BaseException:
+            sched.stop()
+            raise
+    try:  # scraped after the conditions end: a starved API server authorizes the scrape slowly
         sched_after = scheduler_metrics(cluster.cp, sched.port)
         ext_after = extender_metrics(extender_port) if extender_port else {}
     finally:
@@ -285,6 +342,15 @@ def run_phase(cluster: Any, name: str, namespace: str, pods: list[dict[str, Any]
         "cpu_seconds": cpu,  # from scheduler start to the last bind (or timeout)
         "cpu_span_s": round(t_end - t_start, 2),
     }
+    tried = out["scheduler_attempts"]
+    out["failed_attempts"] = int(tried["unschedulable"] + tried["error"])
+    if extender_port:  # the extender binds: its own bind handler time
+        p50, p99 = histogram_quantiles(ext_after, ext_before, "tf_extender_request_duration_seconds",
+                                       'verb="bind"')
+    else:  # kube-scheduler binds: its Bind extension point
+        p50, p99 = histogram_quantiles(sched_after, {}, "scheduler_extension_point_duration_seconds",
+                                       'extension_point="Bind"')
+    out["bind_p50_s"], out["bind_p99_s"] = p50, p99
     if extender_port:
         verbs = {}
         for verb in ("filter", "prioritize", "bind", "preempt"):
@@ -342,9 +408,30 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(5)
 
 
+def variant_configs(variant: str, baseline: dict[str, Any], shipped: dict[str, Any]
+                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The two schedulers' configurations of a variant (the same change to both)."""
+    base, tf = copy.deepcopy(baseline), copy.deepcopy(shipped)
+    if variant == "unthrottled":
+        for cfg in (base, tf):
+            cfg.setdefault("clientConnection", {}).update(UNTHROTTLED)
+    return base, tf
+
+
+def variant_conditions(variant: str, cluster: Any, seconds: float
+                       ) -> Callable[[], AbstractContextManager[Any]]:
+    if variant != "contended":
+        return contextlib.nullcontext
+    from tests.e2e.starve import starved
+
+    pids = [cluster.cp.apiserver.pid, cluster.cp.etcd.pid]
+    return lambda: starved(pids, seconds=seconds, log_dir=TMP_DIR)
+
+
 def run(quick: bool = False, cluster: Any = None, profile: bool = False,
-        what_if: bool | None = None) -> BenchResult:
-    """``what_if`` (default: full runs only) adds one project phase with bench/whatif_extender.py."""
+        what_if: bool | None = None, variants: tuple[str, ...] = VARIANTS) -> BenchResult:
+    """``what_if`` (default: full runs only) adds one project phase with bench/whatif_extender.py;
+    ``variants`` (default: all) adds a baseline and a project phase for each of VARIANTS."""
     from bench.cluster import BenchCluster, cpl
 
     what_if = (not quick) if what_if is None else what_if
@@ -392,6 +479,25 @@ def run(quick: bool = False, cluster: Any = None, profile: bool = False,
                             timeout, extender_port=port, extender_pid=extender.pid)
             delete_pods(cluster.api, NAMESPACE_TF)
             phases["what_if"] = [res]
+        for variant in variants:
+            if what_if:  # back to the shipped extender
+                stop_process(extender)
+                port = cpl.free_port()
+                extender = start_extender(cluster, port, workdir)
+                what_if = False
+            shipped = cpl.scheduler_config(cluster.kubeconfig, f"http://127.0.0.1:{port}/scheduler")
+            base_cfg, tf_cfg = variant_configs(variant, baseline_cfg, shipped)
+            conditions = variant_conditions(variant, cluster, timeout + 120)
+            log(f"e2e: variant {variant}: baseline")
+            phases[f"{variant}:baseline"] = [run_phase(
+                cluster, f"kube-scheduler-baseline-{variant}", NAMESPACE_BASE, whole_gpu_pods(pods), base_cfg,
+                timeout, conditions=conditions)]
+            delete_pods(cluster.api, NAMESPACE_BASE)
+            log(f"e2e: variant {variant}: tf-extender")
+            phases[f"{variant}:tf"] = [run_phase(
+                cluster, f"kube-scheduler-tf-{variant}", NAMESPACE_TF, fractional_pods(pods), tf_cfg, timeout,
+                extender_port=port, extender_pid=extender.pid, conditions=conditions)]
+            delete_pods(cluster.api, NAMESPACE_TF)
     finally:
         if extender is not None:
             stop_process(extender)
@@ -440,16 +546,17 @@ def report(nodes: int, pods: int, phases: dict[str, list[dict[str, Any]]]) -> Be
     t.notes += [
         "Same kube-scheduler binary and configuration file (clientConnection defaults: 50 QPS, burst 100); "
         "the baseline drops the extenders section and uses its own schedulerName. With the extender, "
-        "kube-scheduler posts no Binding: tf-extender patches gpu-ids and binds with its own client.",
+        "kube-scheduler posts no Binding: tf-extender posts one Binding carrying gpu-ids with its own "
+        "client.",
         "All pods exist before the scheduler starts; pods/s = (bound - 1) / (last bind - first bind), a bind "
         "being the first watch event showing spec.nodeName. Rounds alternate the order of the two phases; "
         "the median round is shown.",
         "Fractional pods cycle through 1x20T/4Gi, 1x40T/8Gi, 1x100T/16Gi, 2x30T/4Gi, 2x200T/32Gi in the "
         "webhook's canonical form; nodes hold 2 each of B200, H100, L40S, A100 (GPU objects) and advertise "
         "nvidia.com/gpu: 8 for the baseline. kwok marks bound pods Running.",
-        "attempts: kube-scheduler's scheduler_schedule_attempts_total; an error is typically a bind the "
-        "extender did not finish within its 4 s deadline (the scheduler retries the pod; the late bind "
-        "still completes, so every pod is bound once).",
+        "attempts: kube-scheduler's scheduler_schedule_attempts_total; an error is a failed scheduling "
+        "attempt, e.g. a bind refused because another pod took the node's last room between this pod's "
+        "filter and its bind, or not answered within the extender's bind deadline (25 s).",
     ]
     share = Table("Extender's share of scheduling time (median project round)",
                   ["verb", "calls", "extender s", "mean ms/call", "share of bind span"])
@@ -499,7 +606,53 @@ def report(nodes: int, pods: int, phases: dict[str, list[dict[str, Any]]]) -> Be
                   "bounded by the CPU all processes spend per pod, not by any one of them. The baseline "
                   "is capped by kube-scheduler's client rate limit (50 QPS) instead."]
     data = {"nodes": nodes, "pods": pods, "rounds": phases, "baseline": base, "tf": tf, "ratio": r}
-    return BenchResult("e2e", data, [t, share, cpu], [target])
+    variants, targets = variants_table(pods, phases, base, tf)
+    failed = Target("failed scheduling attempts / pods (shipped)", ratio(tf.get("failed_attempts"), pods),
+                    "<=", TARGET_FAILED_SHARE)
+    return BenchResult("e2e", data, [t, share, cpu, variants], [target, failed, *targets])
+
+
+def variants_table(pods: int, phases: dict[str, list[dict[str, Any]]], base: dict[str, Any],
+                   tf: dict[str, Any]) -> tuple[Table, list[Target]]:
+    """One row per variant (the shipped configuration first): both phases side by side."""
+    table = Table("Variants: each project phase beside its own baseline, same run",
+                  ["variant", "baseline pods/s", "project pods/s", "ratio", "target", "met",
+                   "failed attempts base / project", "bind p50 / p99 s base", "bind p50 / p99 s project",
+                   "CPU ms/pod base: sched, apiserver, etcd",
+                   "CPU ms/pod project: sched, extender, apiserver, etcd"])
+    targets: list[Target] = []
+    rows = [("shipped", base, tf)] + [
+        (v, phases[f"{v}:baseline"][0], phases[f"{v}:tf"][0]) for v in VARIANTS if f"{v}:tf" in phases]
+
+    def ms(x: dict[str, Any], procs: tuple[str, ...]) -> str:
+        cpu = x.get("cpu_seconds", {})
+        bound = max(1, x["bound"])
+        return ", ".join("-" if cpu.get(n) is None else f"{1e3 * cpu[n] / bound:.2f}" for n in procs)
+
+    def p(x: dict[str, Any]) -> str:
+        return f"{x.get('bind_p50_s')} / {x.get('bind_p99_s')}"
+
+    for name, b, t in rows:
+        r = ratio(t["pods_per_s"], b["pods_per_s"])
+        limit = VARIANT_TARGETS.get(name, TARGET_RATIO)
+        target = Target(f"end-to-end pods/s ratio, {name}", r, ">=", limit)
+        if name != "shipped":
+            targets.append(target)
+            targets.append(Target(f"failed scheduling attempts / pods, {name}",
+                                  ratio(t.get("failed_attempts"), pods), "<=", TARGET_FAILED_SHARE))
+        table.add(name, b["pods_per_s"], t["pods_per_s"], r, f">= {limit}", target.verdict(),
+                  f"{b.get('failed_attempts')} / {t.get('failed_attempts')}", p(b), p(t),
+                  ms(b, ("kube-scheduler", "kube-apiserver", "etcd")),
+                  ms(t, ("kube-scheduler", "tf-extender", "kube-apiserver", "etcd")))
+    table.notes += [
+        "contended: kube-apiserver and etcd reniced to 19 (every thread, kept so) and two busy-loop "
+        "processes per core at the benchmark's own priority, from scheduler start to the last bind of each "
+        "phase (tests/e2e/starve.py). unthrottled: clientConnection qps 500, burst 1000 for both phases.",
+        "bind p50/p99: the extender's bind handler time (tf_extender_request_duration_seconds, verb=bind) "
+        "for the project; kube-scheduler's Bind extension point for the baseline; interpolated in the "
+        "histogram buckets.",
+    ]
+    return table, targets
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -508,8 +661,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true", help="py-spy the extender during its phase")
     parser.add_argument("--what-if", dest="what_if", action="store_true", default=None,
                         help="also run the patched extender (default: full runs only)")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma list of {', '.join(VARIANTS)} to run beside the shipped phases "
+                             "(default all; empty: none)")
     args = parser.parse_args(argv)
-    result = run(quick_mode(args.quick), profile=args.profile, what_if=args.what_if)
+    chosen = tuple(v for v in args.variants.split(",") if v)
+    unknown = set(chosen) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+    result = run(quick_mode(args.quick), profile=args.profile, what_if=args.what_if, variants=chosen)
     for t in result.tables:
         print(t.markdown())
     for phase, runs in result.data["rounds"].items():
