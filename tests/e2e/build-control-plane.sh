@@ -189,7 +189,7 @@ build_karpenter() {
     log "building karpenter $KARPENTER_VERSION (sigs.k8s.io/karpenter/kwok)"
     mkdir -p "$w" && cd "$w"
     go mod init tf-wrapper-karpenter >/dev/null 2>&1
-    go get "sigs.k8s.io/karpenter@$KARPENTER_VERSION"
+    go get "sigs.k8s.io/karpenter/kwok@$KARPENTER_VERSION"
     go build -p "$GO_PARALLEL" -trimpath -ldflags "-s -w" -o "$w/karpenter" sigs.k8s.io/karpenter/kwok
     install_bin "$w/karpenter" karpenter "$KARPENTER_VERSION"
     log "karpenter done in $((SECONDS - t0))s"
@@ -221,7 +221,7 @@ build_helm() {
   log "building helm $HELM_VERSION (helm.sh/helm/v3/cmd/helm)"
   mkdir -p "$w" && cd "$w"
   go mod init tf-wrapper-helm >/dev/null 2>&1
-  go get "helm.sh/helm/v3@$HELM_VERSION"
+  go get "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   go build -p "$GO_PARALLEL" -trimpath \
     -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
     -o "$w/helm" helm.sh/helm/v3/cmd/helm
