@@ -34,12 +34,13 @@ from extender.defrag.plan import (
     plan_pool,
     pool_nodes,
 )
+from extender.lifecycle.config import DEFAULT_MANUAL_WINDOW
 from extender.state import ClusterState, FilterOutcome
 
 log = logging.getLogger(__name__)
 
 MANUAL_TRIGGER_ANNOTATION = "tensor-fusion.ai/manual-defrag"
-MANUAL_TRIGGER_WINDOW = dt.timedelta(seconds=30)
+MANUAL_TRIGGER_WINDOW = dt.timedelta(seconds=DEFAULT_MANUAL_WINDOW)  # as compaction's manual trigger
 DEFAULT_TICK_SECONDS = 5.0
 DEFAULT_REPLACEMENT_TIMEOUT_SECONDS = 300.0
 EVICTION_RETRY_SECONDS = 2.0
