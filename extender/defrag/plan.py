@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from extender.capacity.pool import parse_time
 from extender.contract import GPU_IDS, NATIVE_GPU_RESOURCES, POD_INDEX
 from extender.defrag.config import DefragConfig
 from extender.ledger import Allocation
@@ -255,14 +256,7 @@ def covering_pdbs(pod: Mapping[str, Any], pdbs: Iterable[Mapping[str, Any]]) -> 
 
 
 def created_at(obj: Mapping[str, Any]) -> dt.datetime | None:
-    raw = (obj.get("metadata") or {}).get("creationTimestamp")
-    if not isinstance(raw, str) or not raw:
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+    return parse_time((obj.get("metadata") or {}).get("creationTimestamp"))
 
 
 def _live(pod: Mapping[str, Any]) -> bool:

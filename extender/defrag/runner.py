@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
+from extender.capacity.pool import parse_time
 from extender.contract import GPU_POOL
 from extender.defrag.config import DefragConfig, DefragConfigError, parse_config
 from extender.defrag.metrics import DefragMetrics
@@ -100,15 +101,8 @@ def manual_trigger(pool: Mapping[str, Any], now: dt.datetime, window: dt.timedel
                    ) -> str | None:
     """The manual-trigger annotation's value when it holds a timestamp within ``window`` of now."""
     raw = ((pool.get("metadata") or {}).get("annotations") or {}).get(MANUAL_TRIGGER_ANNOTATION)
-    if not isinstance(raw, str) or not raw.strip():
-        return None
-    try:
-        stamp = dt.datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=dt.UTC)
-    return raw if abs(now - stamp) <= window else None
+    stamp = parse_time(raw)
+    return str(raw) if stamp is not None and abs(now - stamp) <= window else None
 
 
 def pod_pool(pod: Mapping[str, Any]) -> str | None:

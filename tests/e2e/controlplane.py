@@ -649,6 +649,22 @@ def scheduler_config(
     return cfg
 
 
+def _wait_serving(proc: ManagedProcess, port: int, path: str, timeout: float) -> ManagedProcess:
+    """Until a component's self-signed HTTPS endpoint answers "ok"; records the port on the process."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+
+    def ready() -> bool:
+        proc.check_alive()
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}", timeout=2, context=ctx) as r:
+            return r.read().decode() == "ok"
+
+    wait_until(ready, timeout, interval=0.5, what=f"{proc.name} {path}")
+    proc.port = port  # type: ignore[attr-defined]
+    return proc
+
+
 def start_scheduler(
     cp: ControlPlane,
     binary: Path,
@@ -678,18 +694,7 @@ def start_scheduler(
         ],
         cp.log_dir,
     )
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-
-    def ready() -> bool:
-        proc.check_alive()
-        with urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", timeout=2, context=ctx) as r:
-            return r.read().decode() == "ok"
-
-    wait_until(ready, timeout, interval=0.5, what=f"{name} /readyz")
-    proc.port = port  # type: ignore[attr-defined]
-    return proc
+    return _wait_serving(proc, port, "/readyz", timeout)
 
 
 # The controllers the suite needs: owners recreate evicted pods (ReplicaSet, Deployment, Job), PDB status
@@ -728,18 +733,7 @@ def start_controller_manager(cp: ControlPlane, binary: Path, controllers: Iterab
         ],
         cp.log_dir,
     )
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-
-    def ready() -> bool:
-        proc.check_alive()
-        with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", timeout=2, context=ctx) as r:
-            return r.read().decode() == "ok"
-
-    wait_until(ready, timeout, interval=0.5, what=f"{name} /healthz")
-    proc.port = port  # type: ignore[attr-defined]
-    return proc
+    return _wait_serving(proc, port, "/healthz", timeout)
 
 
 def start_kwok(cp: ControlPlane, binary: Path, stages: Path, name: str = "kwok") -> ManagedProcess:
