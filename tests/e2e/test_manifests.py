@@ -203,6 +203,9 @@ def test_shipped_rbac_grants_what_the_components_need_and_no_more(api_client, dy
         ("create", "nodeclaims", "karpenter.sh", ""),
         ("patch", "gpus", "tensor-fusion.ai", "status"),  # --write-gpu-status
         ("patch", "gpupools", "tensor-fusion.ai", "status"),
+        ("list", "poddisruptionbudgets", "policy", ""),  # defragmentation
+        ("create", "pods", "", "eviction"),
+        ("delete", "nodeclaims", "karpenter.sh", ""),  # compaction releases Karpenter-mode nodes
     ]:
         assert can("tensor-fusion-scheduler", verb, res, group, ns="default", sub=sub)
     # the scheduler's own lease
@@ -227,7 +230,7 @@ def test_shipped_rbac_grants_what_the_components_need_and_no_more(api_client, dy
         ("tensor-fusion-webhook", "create", "events", ""),
         ("tensor-fusion-scheduler", "list", "secrets", ""),
         ("tensor-fusion-scheduler", "update", "gpus", "tensor-fusion.ai"),
-        ("tensor-fusion-scheduler", "delete", "nodeclaims", "karpenter.sh"),
+        ("tensor-fusion-scheduler", "update", "poddisruptionbudgets", "policy"),
     ]:
         assert not _can(api_client, sa, verb, res, group, ns="default"), (sa, verb, res)
 
