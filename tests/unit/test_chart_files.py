@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "tensor-fusion-extender"
 COPIES = [
     (CHART / "files" / "rbac.yaml", ROOT / "manifests" / "rbac.yaml"),
+    (CHART / "files" / "priorityclasses.yaml", ROOT / "manifests" / "priorityclasses.yaml"),
     (
         CHART / "files" / "kube-scheduler-config.yaml",
         ROOT / "manifests" / "scheduler" / "kube-scheduler-config.yaml",
