@@ -9,7 +9,6 @@ request, and ``karpenter.sh/do-not-disrupt: "true"``: we, not Karpenter, decide 
 
 from __future__ import annotations
 
-import re
 import secrets
 from collections.abc import Mapping
 from fractions import Fraction
@@ -35,11 +34,6 @@ DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 CLAIM_LABEL = "tensor-fusion.ai/gpu-node-claim"
 GPU_RESOURCE = "nvidia.com/gpu"
 _MIB = 1 << 20
-
-
-def label_value(text: str) -> str:
-    """``A100 80GB`` -> ``A100-80GB``: a valid label value that names the same GPU model."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-_.")[:63].rstrip("-_.")
 
 
 def claim_name(pool: str) -> str:
@@ -104,9 +98,8 @@ def nodeclaim_body(config: PoolConfig, offer: Offering, name: str, owner_uid: st
         **config.labels, POOL_LABEL: config.name, CLAIM_LABEL: name,
         GFD_COUNT: str(instance.gpu_count), GFD_MEMORY: str(instance.vram_per_gpu // _MIB),
     }
-    product = label_value(instance.gpu_model)
-    if product:
-        labels[GFD_PRODUCT] = product
+    if instance.gpu_model:
+        labels[GFD_PRODUCT] = instance.gpu_model
     spec: dict[str, Any] = {
         "nodeClassRef": config.node_class.as_json(),
         "requirements": _requirements(config, offer),

@@ -79,6 +79,15 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)  # stable: the order inside each file (and among the other files) is kept
 
 
+def pytest_terminal_summary(terminalreporter):
+    """One line when the Cluster Autoscaler tests were skipped for want of a binary (e2e/autoscaler.py)."""
+    from .autoscaler import NOT_RUN
+
+    skipped = terminalreporter.stats.get("skipped", [])
+    if any(NOT_RUN in str(getattr(report, "longrepr", "")) for report in skipped):
+        terminalreporter.write_line(NOT_RUN, yellow=True)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
