@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(args)
         if args.command == "secret":
             return _secret(args)
+        if args.command == "ensure":
+            return _ensure(args)
         return _patch_webhook(args)
     except (CertificateError, OSError, RuntimeError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -79,7 +81,36 @@ def build_parser() -> argparse.ArgumentParser:
     patch.add_argument("--name", required=True, metavar="CONFIG")
     patch.add_argument("--ca-file", required=True, type=Path, metavar="PATH")
     patch.add_argument("--kubeconfig", metavar="PATH")
+    _add_ensure(commands)
     return parser
+
+
+def _add_ensure(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ensure = commands.add_parser(
+        "ensure", help="keep the CA and serving Secrets (and the webhook's caBundle) valid, idempotently",
+        description="Reuse the CA Secret and the serving Secret while they are valid for the DNS names; "
+                    "create or reissue what is missing, foreign or near expiry; set the caBundle of "
+                    "--webhook when it exists. Run by the Helm chart's hook Jobs.")
+    ensure.add_argument("--namespace", required=True, metavar="NS")
+    ensure.add_argument("--secret", required=True, metavar="NAME", help="the kubernetes.io/tls Secret")
+    ensure.add_argument("--ca-secret", metavar="NAME", help="the CA's Secret (default: <secret>-ca)")
+    ensure.add_argument("--dns", action="append", required=True, metavar="NAME", help="DNS name (repeatable)")
+    ensure.add_argument("--webhook", metavar="CONFIG", help="MutatingWebhookConfiguration to set caBundle on")
+    ensure.add_argument("--days", type=int, default=authority.DEFAULT_LEAF_DAYS, help="serving validity")
+    ensure.add_argument("--renew-before-days", type=int, default=30,
+                        help="reissue what expires within this many days (default 30)")
+    ensure.add_argument("--kubeconfig", metavar="PATH")
+
+
+def _ensure(args: argparse.Namespace) -> int:
+    from certs import kube
+    from certs.ensure import ensure
+
+    for line in ensure(kube.api_client(args.kubeconfig), namespace=args.namespace, secret=args.secret,
+                       ca_secret=args.ca_secret or f"{args.secret}-ca", dns_names=args.dns,
+                       webhook=args.webhook, days=args.days, renew_before_days=args.renew_before_days):
+        _say(line)
+    return 0
 
 
 def usage_problem(args: argparse.Namespace) -> str | None:

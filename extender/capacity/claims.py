@@ -9,6 +9,7 @@ request, and ``karpenter.sh/do-not-disrupt: "true"``: we, not Karpenter, decide 
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Mapping
 from fractions import Fraction
@@ -34,6 +35,11 @@ DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 CLAIM_LABEL = "tensor-fusion.ai/gpu-node-claim"
 GPU_RESOURCE = "nvidia.com/gpu"
 _MIB = 1 << 20
+
+
+def label_value(text: str) -> str:
+    """``A100 80GB`` -> ``A100-80GB``: a valid label value that names the same GPU model."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-_.")[:63].rstrip("-_.")
 
 
 def claim_name(pool: str) -> str:
@@ -98,8 +104,9 @@ def nodeclaim_body(config: PoolConfig, offer: Offering, name: str, owner_uid: st
         **config.labels, POOL_LABEL: config.name, CLAIM_LABEL: name,
         GFD_COUNT: str(instance.gpu_count), GFD_MEMORY: str(instance.vram_per_gpu // _MIB),
     }
-    if instance.gpu_model:
-        labels[GFD_PRODUCT] = instance.gpu_model
+    product = label_value(instance.gpu_model)
+    if product:
+        labels[GFD_PRODUCT] = product
     spec: dict[str, Any] = {
         "nodeClassRef": config.node_class.as_json(),
         "requirements": _requirements(config, offer),

@@ -61,7 +61,8 @@ class AsyncKube:
         headers = {"Accept": "application/json", "User-Agent": "tf-extender"}
         if content_type is not None:
             headers["Content-Type"] = content_type
-        token = self.configuration.get_api_key_with_prefix("authorization")
+        # kubeconfig and in-cluster tokens live under "BearerToken"; "authorization" is its alias
+        token = self.configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
         if token:
             headers["Authorization"] = token
         elif self.configuration.username or self.configuration.password:

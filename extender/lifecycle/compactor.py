@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -66,7 +67,8 @@ class Compactor:
     async def reconcile(self, now: dt.datetime) -> list[Action]:
         configs = [pool_config(p) for p in self.view.pools.list()]
         triggers = {c.name: t for c in configs if (t := self.trigger(c, now)) is not None}
-        inputs = self.view.inputs(now, await self.view.catalog(), None, due=lambda c: c.name in triggers)
+        inputs = self.view.inputs(now, await self.view.catalog(), None, due=lambda c: c.name in triggers,
+                                  leaving=self.view.leaving())
         actions = list(plan_compaction(inputs))
         for action in actions:
             log.info("plan", extra={"plan": action.as_json()})
@@ -86,6 +88,7 @@ class Compactor:
         node = str(action.node)
         try:
             if action.action == "release" and payload.nodeclaim:
+                self.view.released[node] = time.monotonic()
                 await self.port.delete(NODECLAIMS, payload.nodeclaim)
                 await self.port.delete(GPU_NODE_CLAIMS, payload.nodeclaim)
             elif action.action == "release":

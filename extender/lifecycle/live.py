@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
 CREATED_GRACE_SECONDS = 60.0
+RELEASED_MEMORY_SECONDS = 600.0
 
 
 class ObjectStore(Protocol):
@@ -105,6 +106,8 @@ class LiveView:
         self._file_catalog: Catalog | None = None
         self._catalog = DEFAULT_CATALOG
         self._catalog_error = ""
+        # Nodes compaction released, until they are gone: their capacity no longer counts, for any loop.
+        self.released: dict[str, float] = {}
         # Claims created but not seen in the cache yet: counted as pending so a reconcile never buys twice.
         # An entry the cache never shows (the claim was deleted at once) is dropped after a minute.
         self.created: dict[str, dict[str, Any]] = {}
@@ -167,6 +170,12 @@ class LiveView:
                 found.add((ref.group, ref.kind, ref.name))
         return frozenset(found)
 
+    def leaving(self) -> frozenset[str]:
+        horizon = time.monotonic() - RELEASED_MEMORY_SECONDS
+        for name in [n for n, at in self.released.items() if at < horizon or self.nodes.get(n) is None]:
+            del self.released[name]
+        return frozenset(self.released)
+
     def remember(self, name: str, claim: dict[str, Any]) -> None:
         self.created[name] = claim
         self._created_at.setdefault(name, time.monotonic())
@@ -182,12 +191,13 @@ class LiveView:
 
     def inputs(self, now: dt.datetime, catalog: Catalog,
                node_classes: frozenset[tuple[str, str, str]] | None,
-               due: Callable[[PoolConfig], bool] | None = None) -> Inputs:
+               due: Callable[[PoolConfig], bool] | None = None,
+               leaving: frozenset[str] = frozenset()) -> Inputs:
         inputs = Inputs(
             now=now, state=self.state, pools=self.pools.list(),
             nodes={object_name(n): n for n in self.nodes.list()}, gpunodeclaims=self.gpunodeclaim_list(),
             nodeclaims=self.nodeclaims.list(), pods=self.pods.list(), node_classes=node_classes,
-            catalog=catalog, protection_seconds=self.config.protection_seconds,
+            catalog=catalog, protection_seconds=self.config.protection_seconds, leaving=leaving,
         )
         if due is not None:
             inputs.compaction_due = due

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
@@ -36,6 +37,8 @@ from extender.plan.provisioning import LaunchPayload, plan_launches
 log = logging.getLogger(__name__)
 
 PENDING, CREATING, BOUND = "Pending", "Creating", "Bound"
+# After a failed create, a pool's launches wait this long, so a rejected NodeClaim is not retried in a loop.
+FAILURE_BACKOFF_SECONDS = 60.0
 CONDITION = "NodeClaimsListable"
 
 
@@ -57,6 +60,7 @@ class Provisioner:
         self.port = port
         self.metrics = metrics
         self._listable: bool | None = None
+        self._held: dict[str, float] = {}  # pool -> monotonic time its launches may resume
         self._list_error = ""
 
     async def reconcile(self, now: dt.datetime) -> list[Action]:
@@ -67,13 +71,18 @@ class Provisioner:
         await self._check_listable()
         await self.sync_claims()
         catalog = await self.view.catalog()
-        inputs = self.view.inputs(now, catalog, await self.view.node_classes(karpenter_pools))
+        inputs = self.view.inputs(now, catalog, await self.view.node_classes(karpenter_pools),
+                                  leaving=self.view.leaving())
         actions = list(plan_launches(inputs))
         for action in actions:
             log.info("plan", extra={"plan": action.as_json()})
             pool = self.view.pools.get(action.pool) or {"kind": "GPUPool", "metadata": {"name": action.pool}}
             if action.action == "launch":
-                await self.launch(action, pool)
+                if self._held.get(action.pool, 0.0) > time.monotonic():
+                    log.info("launch held after a failed create", extra={"pool": action.pool})
+                    continue
+                if not await self.launch(action, pool):
+                    self._held[action.pool] = time.monotonic() + FAILURE_BACKOFF_SECONDS
             elif action.action == "skip":
                 event = str(action.details.get("event") or "Skipped")
                 self.metrics.skipped.labels(action.pool, event).inc()
@@ -83,7 +92,8 @@ class Provisioner:
 
     # -- launches ---------------------------------------------------------------------------------------
 
-    async def launch(self, action: Action, pool: Mapping[str, Any]) -> None:
+    async def launch(self, action: Action, pool: Mapping[str, Any]) -> bool:
+        """Create the action's claims; False when a create failed (the rest of the action is dropped)."""
         payload: LaunchPayload = action.payload
         offer = payload.launch.offering
         for _ in range(payload.launch.count):
@@ -93,19 +103,22 @@ class Provisioner:
                 claim = await self.port.create(GPU_NODE_CLAIMS, body)
             except Exception as exc:
                 message = f"{name}: {error_message(exc)}"
+                log.warning("GPUNodeClaim not created", extra={"pool": action.pool, "error": message})
                 self.port.record(pool, "GPUNodeClaimCreationFailed", message, "Warning")
-                return
+                return False
             self.view.remember(name, {**claim, "status": {"phase": PENDING}})
             await self._set_phase(claim, PENDING)
             try:
                 await self.port.create(NODECLAIMS, nodeclaim_body(
                     payload.config, offer, name, str(claim["metadata"]["uid"])))
             except Exception as exc:
-                self.port.record(pool, "NodeClaimCreationFailed", (
-                    f"NodeClaim {name}: {error_message(exc)}; its GPUNodeClaim is deleted again"), "Warning")
+                message = (f"NodeClaim {name}: {error_message(exc)}; its GPUNodeClaim is deleted again and "
+                           f"the pool's launches wait {FAILURE_BACKOFF_SECONDS:.0f}s")
+                log.warning("NodeClaim not created", extra={"pool": action.pool, "error": message})
+                self.port.record(pool, "NodeClaimCreationFailed", message, "Warning")
                 self.view.created.pop(name, None)
                 await self.port.delete(GPU_NODE_CLAIMS, name)
-                return
+                return False
             await self._set_phase(claim, CREATING)
             self.view.remember(name, {**claim, "status": {"phase": CREATING}})
             self.metrics.created.labels(payload.config.name, offer.instance.name, offer.capacity_type).inc()
@@ -113,6 +126,7 @@ class Provisioner:
             self.port.record(pool, "GPUNodeClaimCreated", (
                 f"{name}: {offer.instance.name} ({offer.capacity_type}{zone}, "
                 f"{float(offer.price):.4f} USD/h); {action.reason}"))
+        return True
 
     # -- phases -----------------------------------------------------------------------------------------
 

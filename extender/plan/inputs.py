@@ -40,6 +40,7 @@ class Inputs:
     catalog: Catalog = DEFAULT_CATALOG
     protection_seconds: float = DEFAULT_PROTECTION_SECONDS
     compaction_due: Callable[[PoolConfig], bool] = _always
+    leaving: frozenset[str] = frozenset()  # nodes already released, whatever the caches say yet
 
     def configs(self) -> list[PoolConfig]:
         return sorted((pool_config(p) for p in self.pools), key=lambda c: c.name)
@@ -55,21 +56,32 @@ class Inputs:
 
     def nodeclaim_of_node(self) -> dict[str, str]:
         """Node name -> the NodeClaim that launched it."""
-        out: dict[str, str] = {}
+        return {node: object_name(claim) for node, claim in self._claims_by_node().items()}
+
+    def _claims_by_node(self) -> dict[str, Mapping[str, Any]]:
+        out: dict[str, Mapping[str, Any]] = {}
         for claim in self.nodeclaims:
             node = str((claim.get("status") or {}).get("nodeName") or "")
             if node:
-                out[node] = object_name(claim)
+                out[node] = claim
         return out
+
+    def is_leaving(self, name: str, claims_by_node: Mapping[str, Mapping[str, Any]]) -> bool:
+        """Released already, being deleted, or its NodeClaim is: its capacity no longer counts."""
+        node_meta = (self.nodes.get(name) or {}).get("metadata") or {}
+        claim_meta = (claims_by_node.get(name) or {}).get("metadata") or {}
+        return name in self.leaving or bool(node_meta.get("deletionTimestamp")) or \
+            bool(claim_meta.get("deletionTimestamp"))
 
     def pool_nodes(self, pool: str) -> list[PoolNode]:
         """The pool's nodes: each node with GPUs of the pool, their capacity and allocation."""
         prices = {object_name(c): claim_price(c) for c in self.gpunodeclaims}
-        claim_by_node = self.nodeclaim_of_node()
+        claims_by_node = self._claims_by_node()
+        claim_by_node = {node: object_name(claim) for node, claim in claims_by_node.items()}
         out = []
         for name in self.state.nodes():
             gpus = [g for g in self.state.node_gpus(name) if g.pool == pool]
-            if not gpus:
+            if not gpus or self.is_leaving(name, claims_by_node):
                 continue
             capacity = Amount(sum((g.capacity_tflops for g in gpus), Fraction(0)),
                               sum(g.capacity_vram for g in gpus))

@@ -6,6 +6,8 @@ from fractions import Fraction
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from extender.capacity.amounts import Amount, CapacityError, parse_amount
 from extender.capacity.catalog import DEFAULT_CATALOG, Catalog, parse_catalog
@@ -362,3 +364,46 @@ def test_at_most_100_instances_per_reconcile() -> None:
 def test_no_eligible_type_says_why() -> None:
     choice = cheapest([], amount(1, 0))
     assert choice.launches == () and "gpuRequirements" in choice.reason
+
+
+# --- properties ---------------------------------------------------------------------------------------
+
+
+_TYPES = st.lists(
+    st.tuples(st.integers(1, 8), st.integers(10, 400), st.integers(8, 96), st.integers(1, 4000)),
+    min_size=1, max_size=4,
+)
+
+
+def _catalog(types: list[tuple[int, int, int, int]]) -> Catalog:
+    lines = ["replaceDefaults: true", "instanceTypes:"]
+    for i, (count, tflops, vram, cents) in enumerate(types):
+        lines.append(f"- {{name: t{i}.x, gpuModel: X, gpuCount: {count}, tflopsPerGPU: '{tflops}', "
+                     f"vramPerGPU: {vram}Gi, prices: {{on-demand: {cents / 100}}}}}")
+    return parse_catalog("\n".join(lines))
+
+
+@given(_TYPES, st.integers(0, 3000), st.integers(0, 500))
+def test_the_choice_closes_the_gap_and_no_single_type_is_cheaper(types, tflops, vram_gi) -> None:
+    offers = offerings(_catalog(types), [])
+    need = amount(tflops, vram_gi)
+    choice = cheapest(offers, need)
+    if need.is_zero:
+        assert choice.launches == ()
+        return
+    if sum(x.count for x in choice.launches) < MAX_PER_RECONCILE:
+        assert choice.capacity.covers(need)
+    assert len(choice.launches) <= 2
+    for offer in offers:
+        n = offer.instance.capacity.units_to_cover(need)
+        if n <= MAX_PER_RECONCILE:
+            assert choice.cost <= offer.price * n
+
+
+@given(_TYPES, st.integers(1, 3000), st.integers(0, 500), st.integers(0, 3000), st.integers(0, 500))
+def test_the_choice_never_exceeds_the_room(types, tflops, vram_gi, room_tflops, room_vram) -> None:
+    room_amount = amount(room_tflops, room_vram)
+    choice = cheapest(offerings(_catalog(types), []), amount(tflops, vram_gi), room_amount)
+    assert room_amount.covers(choice.capacity)
+    assert choice.max_reached or choice.capacity.covers(amount(tflops, vram_gi)) or not choice.launches \
+        or sum(x.count for x in choice.launches) == MAX_PER_RECONCILE

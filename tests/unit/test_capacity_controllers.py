@@ -217,6 +217,18 @@ async def test_failed_nodeclaim_create_deletes_the_gpunodeclaim(catalog_file: st
     assert [c[0:2] for c in port.calls if c[0] == "DELETE"] == [("DELETE", "gpunodeclaims")]
     assert [e[1] for e in port.events if e[3] == "Warning"] == ["NodeClaimCreationFailed"]
     assert view.created == {}
+    # The pool's launches wait: a rejected NodeClaim is not retried in a loop.
+    port.calls.clear()
+    await provisioner.reconcile(NOW)
+    assert not [c for c in port.calls if c[0] == "POST"]
+
+
+def test_gpu_model_becomes_a_valid_label_value() -> None:
+    from extender.capacity.claims import label_value
+    from extender.gpu_models import lookup
+
+    assert label_value("A100 80GB") == "A100-80GB" and lookup("A100-80GB").model == "A100 80GB"
+    assert label_value("RTX 6000 Ada") == "RTX-6000-Ada" and label_value(" x ") == "x"
 
 
 def gfd_node(
@@ -371,3 +383,25 @@ def test_resources_used() -> None:
         "nodeclaims",
         "nodes",
     }
+
+
+async def test_a_released_node_no_longer_counts_before_the_caches_catch_up(catalog_file: str) -> None:
+    # Two empty Karpenter nodes, warm capacity for one: one is released; while the caches still show it,
+    # the next pass must not take the other one too (both would be gone, and a new one bought).
+    port = FakePort()
+    pool = karpenter_pool(warmResources={"tflops": 50})
+    claims = [
+        {"kind": "GPUNodeClaim", "metadata": {"name": n, "labels": {"tensor-fusion.ai/gpupool": "kp"}},
+         "spec": {}, "status": {"phase": "Bound"}}
+        for n in ("kp-1", "kp-2")
+    ]
+    nodeclaims = [{"metadata": {"name": f"kp-{i}"}, "status": {"nodeName": f"n{i}"}} for i in (1, 2)]
+    view = view_of(port, [pool], nodes=[gfd_node("n1", "kp"), gfd_node("n2", "kp")], claims=claims,
+                   nodeclaims=nodeclaims, tmp_catalog=catalog_file)
+    compactor = Compactor(view, port, CompactorMetrics(CollectorRegistry()), 60)  # type: ignore[arg-type]
+    first = await compactor.reconcile(NOW)
+    assert [a.action for a in first] == ["release"]
+    later = NOW + dt.timedelta(minutes=10)
+    assert await compactor.reconcile(later) == []
+    # and the provisioner sees the gap the release leaves only once the node is really gone
+    assert view.leaving() == {first[0].node}

@@ -56,6 +56,21 @@ async def test_a_binding_is_posted_with_the_token_and_the_pods_annotations() -> 
     assert body["target"] == {"apiVersion": "v1", "kind": "Node", "name": "n1"}
 
 
+def test_the_token_of_a_kubeconfig_is_sent(tmp_path: Any) -> None:
+    # load_kube_config (and the in-cluster config) keep the token under "BearerToken": a ServiceAccount
+    # token must not be dropped, or every bind is made as system:anonymous
+    from extender.kube.client import load_api_client
+
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:6443', insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: u, user: {token: sa-token}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\n")
+    api = load_api_client(str(path))
+    assert AsyncKube.from_api_client(api)._headers(None)["Authorization"] == "Bearer sa-token"
+
+
 async def test_an_error_answer_is_an_api_exception_with_the_servers_message() -> None:
     async def handler(request: web.Request) -> web.Response:
         return web.json_response({"kind": "Status", "message": 'pod a is already assigned to node "n2"'},

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import promql_parser
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry
+from promql_names import DASHBOARD, PROMETHEUS_OWN, ROOT, RULES, dashboard_queries, rules, selectors
 
 from certs import authority
 from extender.expansion.metrics import ExpansionMetrics
@@ -27,12 +27,7 @@ from extender.metrics import Metrics
 from extender.stranded import StrandedCollector, count_stranded
 from webhook.metrics import WebhookMetrics, certificate_not_after
 
-ROOT = Path(__file__).resolve().parents[2]
-MONITORING = ROOT / "manifests" / "optional" / "monitoring"
-RULES = MONITORING / "prometheus-rules.yaml"
-DASHBOARD = MONITORING / "grafana-dashboard.json"
 CHART_FILES = ROOT / "charts" / "tensor-fusion-extender" / "files"
-PROMETHEUS_OWN = {"up"}
 
 REQUIRED_ALERTS = {
     "TensorFusionIdleGPU", "TensorFusionEmptyGPUNode", "TensorFusionPoolNearlyFull",
@@ -70,46 +65,6 @@ def exported_names() -> set[str]:
     return names
 
 
-def selectors(expr: Any) -> Iterator[str]:
-    """Metric names of every vector and matrix selector in a parsed PromQL expression."""
-    if isinstance(expr, promql_parser.VectorSelector):
-        if expr.name:
-            yield expr.name
-        for matcher in expr.matchers.matchers:
-            if matcher.name == "__name__":
-                yield matcher.value
-        return
-    if isinstance(expr, promql_parser.MatrixSelector):
-        yield from selectors(expr.vector_selector)
-        return
-    children: list[Any] = []
-    if isinstance(expr, promql_parser.BinaryExpr):
-        children = [expr.lhs, expr.rhs]
-    elif isinstance(expr, promql_parser.AggregateExpr):
-        children = [expr.expr, expr.param]
-    elif isinstance(expr, promql_parser.Call):
-        children = list(expr.args)
-    elif isinstance(expr, promql_parser.UnaryExpr | promql_parser.ParenExpr | promql_parser.SubqueryExpr):
-        children = [expr.expr]
-    for child in children:
-        if child is not None:
-            yield from selectors(child)
-
-
-def _rules() -> list[dict[str, Any]]:
-    doc = yaml.safe_load(RULES.read_text())
-    return [rule for group in doc["spec"]["groups"] for rule in group["rules"]]
-
-
-def _dashboard_queries() -> list[tuple[str, str]]:
-    dash = json.loads(DASHBOARD.read_text())
-    out = []
-    for panel in dash["panels"]:
-        for target in panel.get("targets", []):
-            out.append((panel["title"], target["expr"]))
-    return out
-
-
 def test_exported_names_cover_both_services():
     names = exported_names()
     for name in ("tf_extender_binds_total", "tf_extender_request_duration_seconds_bucket",
@@ -119,7 +74,7 @@ def test_exported_names_cover_both_services():
         assert name in names
 
 
-@pytest.mark.parametrize("rule", _rules(), ids=lambda r: f"{r['alert']}-{r['labels']['severity']}")
+@pytest.mark.parametrize("rule", rules(), ids=lambda r: f"{r['alert']}-{r['labels']['severity']}")
 def test_alert_expression_parses_and_uses_exported_metrics(rule: dict[str, Any]):
     expr = promql_parser.parse(rule["expr"])
     used = set(selectors(expr))
@@ -132,10 +87,10 @@ def test_alert_expression_parses_and_uses_exported_metrics(rule: dict[str, Any])
 
 
 def test_every_required_alert_is_shipped():
-    assert {rule["alert"] for rule in _rules()} >= REQUIRED_ALERTS
+    assert {rule["alert"] for rule in rules()} >= REQUIRED_ALERTS
 
 
-@pytest.mark.parametrize(("title", "query"), _dashboard_queries())
+@pytest.mark.parametrize(("title", "query"), dashboard_queries())
 def test_dashboard_query_parses_and_uses_exported_metrics(title: str, query: str):
     used = set(selectors(promql_parser.parse(query)))
     assert used and not used - exported_names(), f"{title}: {sorted(used - exported_names())}"
@@ -143,7 +98,7 @@ def test_dashboard_query_parses_and_uses_exported_metrics(title: str, query: str
 
 def test_dashboard_covers_what_operators_ask_about():
     dash = json.loads(DASHBOARD.read_text())
-    queries = " ".join(q for _, q in _dashboard_queries())
+    queries = " ".join(q for _, q in dashboard_queries())
     for name in ("tf_extender_pool_allocated_percent", "tf_extender_node_allocated_percent",
                  "tf_extender_partially_used_gpus", "tf_extender_request_duration_seconds_bucket",
                  "tf_extender_requests_total", "tf_extender_binds_total",

@@ -1,0 +1,611 @@
+"""The Helm chart (charts/tensor-fusion-extender), with helm v3 built from the Go module proxy.
+
+What each test proves:
+
+- ``helm lint --strict`` passes, for the defaults and for every TLS mode.
+- With default values, ``helm template`` renders exactly the objects of manifests/ (minus the Namespace,
+  which ``helm install --create-namespace`` makes) plus the TLS hook objects; with the Prometheus Operator
+  API and the switches on, exactly those of manifests/optional/monitoring/ and the Karpenter NodeOverlay.
+  A difference is reported object by object and field by field.
+- Values reach the objects: image, replicas, resources, scheduler name, extender and expansion flags, the
+  GPU-status switch, TLS modes, the default pool; every rendered command line is accepted by our own CLIs.
+- On a control plane of its own (the chart installs cluster-scoped objects the other modules also create),
+  a real ``helm install`` / ``helm upgrade`` / ``helm uninstall``, and in between a GPU pod is scheduled
+  through what the chart installed. There are no kubelets here, so Deployments and hook Jobs cannot run as
+  pods: ``--no-hooks`` is used and the test runs, as local processes the way the e2e harness does, the
+  exact command lines of the installed hook Job and Deployments, each with the kubeconfig of the
+  ServiceAccount the chart gave it (so the chart's RBAC is what authorises them), and the scheduler with
+  the installed ConfigMap's KubeSchedulerConfiguration. Two substitutions, because there is no Service
+  network: the webhook serves on a loopback port with a loopback certificate, and the installed
+  MutatingWebhookConfiguration's clientConfig is switched from the Service to that URL (its rules,
+  selectors and policies stay as installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import json
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from . import controlplane as cpl
+
+pytestmark = pytest.mark.e2e
+
+CHART = cpl.REPO_ROOT / "charts" / "tensor-fusion-extender"
+NS = cpl.PROJECT_NAMESPACE
+RELEASE = "tfe"
+HOOK = "helm.sh/hook"
+HELM_HOME = Path(tempfile.gettempdir()) / "tf-e2e-helm-home"  # helm's config and cache, not the user's
+
+
+@pytest.fixture(scope="module")
+def helm(e2e_binaries) -> Path:
+    binary = e2e_binaries.get("helm")
+    if binary is None or not binary.exists():
+        binaries = cpl.build_binaries(["helm"])
+        binary = binaries["helm"]
+    return binary
+
+
+def _run(
+    helm: Path, *args: str | Path, check: bool = True, kubeconfig: Path | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    argv = [str(helm), *map(str, args)]
+    if kubeconfig is not None:
+        argv += ["--kubeconfig", str(kubeconfig)]
+    out = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={"HOME": str(HELM_HOME), "PATH": "/usr/bin:/bin"},
+    )
+    if check and out.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} failed ({out.returncode}):\n{out.stderr}\n{out.stdout}")
+    return out
+
+
+def render(helm: Path, *args: str) -> list[dict[str, Any]]:
+    out = _run(helm, "template", RELEASE, CHART, "--namespace", NS, *args).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def _key(obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
+    return f"{obj['kind']}/{meta.get('namespace', '') + '/' if meta.get('namespace') else ''}{meta['name']}"
+
+
+def field_diff(a: Any, b: Any, path: str = "") -> list[str]:
+    """Every place where ``a`` (manifests) and ``b`` (chart) differ, as ``path: manifests=.. chart=..``."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            sub = f"{path}.{k}" if path else str(k)
+            if k not in b:
+                out.append(f"{sub}: only in manifests ({json.dumps(a[k])[:120]})")
+            elif k not in a:
+                out.append(f"{sub}: only in the chart ({json.dumps(b[k])[:120]})")
+            else:
+                out += field_diff(a[k], b[k], sub)
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [
+            d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in field_diff(x, y, f"{path}[{i}]")
+        ]
+    if a != b:
+        return [f"{path}: manifests={json.dumps(a)[:200]} chart={json.dumps(b)[:200]}"]
+    return []
+
+
+def assert_same_objects(manifests: list[dict[str, Any]], chart: list[dict[str, Any]]) -> None:
+    ours = {_key(o): o for o in manifests}
+    theirs = {_key(o): o for o in chart}
+    problems = [f"{k}: in manifests/, not rendered by the chart" for k in sorted(ours.keys() - theirs.keys())]
+    problems += [
+        f"{k}: rendered by the chart, not in manifests/" for k in sorted(theirs.keys() - ours.keys())
+    ]
+    for k in sorted(ours.keys() & theirs.keys()):
+        problems += [f"{k}: {d}" for d in field_diff(ours[k], theirs[k])]
+    assert not problems, "chart and manifests differ:\n" + "\n".join(problems)
+
+
+def _is_hook(obj: dict[str, Any]) -> bool:
+    return HOOK in (obj["metadata"].get("annotations") or {})
+
+
+def _find(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+def _container(objs: list[dict[str, Any]], kind: str, name: str, container: str) -> dict[str, Any]:
+    spec = _find(objs, kind, name)["spec"]["template"]["spec"]
+    return next(c for c in spec["containers"] if c["name"] == container)
+
+
+# ------------------------------------------------------------------------------------ render and lint
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [],
+        ["--set", "tls.mode=secret"],
+        ["--set", "tls.mode=cert-manager"],
+        ["--set", "placement.defaultPool.create=true"],
+    ],
+)
+def test_lint(helm, values):
+    out = _run(helm, "lint", "--strict", CHART, "--namespace", NS, *values)
+    assert "0 chart(s) failed" in out.stdout
+
+
+def test_default_render_is_manifests_plus_the_tls_hook(helm):
+    chart = render(helm, "--include-crds")
+    manifests = [o for o in cpl.render_kustomization(cpl.MANIFESTS) if o["kind"] != "Namespace"]
+    assert_same_objects(manifests, [o for o in chart if not _is_hook(o)])
+    hooks = sorted(_key(o) for o in chart if _is_hook(o))
+    assert hooks == [
+        "ClusterRole/tensor-fusion-certs",
+        "ClusterRoleBinding/tensor-fusion-certs",
+        f"Job/{NS}/tensor-fusion-certs",
+        f"Role/{NS}/tensor-fusion-certs",
+        f"RoleBinding/{NS}/tensor-fusion-certs",
+        f"ServiceAccount/{NS}/tensor-fusion-certs",
+    ]
+
+
+def test_optional_objects_render_as_in_manifests_optional(helm):
+    chart = render(
+        helm,
+        "--api-versions",
+        "monitoring.coreos.com/v1",
+        "--set",
+        "monitoring.grafanaDashboard=true",
+        "--set",
+        "karpenter.nodeOverlay=true",
+    )
+    extra = [
+        o
+        for o in chart
+        if o["kind"] in ("PodMonitor", "PrometheusRule", "NodeOverlay")
+        or o["metadata"]["name"] == "tensor-fusion-extender-dashboard"
+    ]
+    optional = cpl.render_kustomization(cpl.MANIFESTS / "optional" / "monitoring")
+    optional += cpl.load_yaml_docs(cpl.MANIFESTS / "optional" / "karpenter-nodeoverlay.yaml")
+    assert_same_objects(optional, extra)
+    # off by default, and "auto" follows the cluster's APIs
+    assert not [o for o in render(helm) if o["kind"] in ("PodMonitor", "PrometheusRule", "NodeOverlay")]
+    auto = render(helm, "--api-versions", "karpenter.sh/v1alpha1", "--set", "karpenter.nodeOverlay=auto")
+    assert [o["kind"] for o in auto if o["kind"] == "NodeOverlay"] == ["NodeOverlay"]
+
+
+def _parse(parser: argparse.ArgumentParser, command: list[str]) -> argparse.Namespace:
+    return parser.parse_args(command[1:])
+
+
+def test_values_reach_the_objects_and_every_command_line_is_valid(helm):
+    from certs import cli as certs_cli
+    from extender import cli as extender_cli
+    from webhook import cli as webhook_cli
+
+    objs = render(
+        helm,
+        "--set",
+        "image.repository=registry.example/tfe",
+        "--set",
+        "image.tag=1.2.3",
+        "--set",
+        "scheduler.replicas=3",
+        "--set",
+        "webhook.replicas=4",
+        "--set",
+        "scheduler.name=gpu-scheduler",
+        "--set",
+        "extender.maxPodsPerNode=64",
+        "--set",
+        "extender.inventorySource=node-labels",
+        "--set",
+        "extender.preemptor=false",
+        "--set",
+        "extender.gpuStatusInterval=2",
+        "--set",
+        "expansion.maxInflightNodes=3",
+        "--set",
+        "expansion.delaySeconds=5",
+        "--set",
+        "expansion.claimTimeoutSeconds=60",
+        "--set",
+        "extender.resources.limits.memory=3Gi",
+        "--set",
+        "webhook.requestTimeout=4",
+    )
+    ext = _container(objs, "Deployment", "tensor-fusion-scheduler", "extender")
+    hook = _container(objs, "Job", "tensor-fusion-certs", "tf-certs")
+    web = _container(objs, "Deployment", "tensor-fusion-webhook", "webhook")
+    assert {ext["image"], web["image"], hook["image"]} == {"registry.example/tfe:1.2.3"}
+    assert _find(objs, "Deployment", "tensor-fusion-scheduler")["spec"]["replicas"] == 3
+    assert _find(objs, "Deployment", "tensor-fusion-webhook")["spec"]["replicas"] == 4
+    assert ext["resources"]["limits"]["memory"] == "3Gi"
+    args = _parse(extender_cli.build_parser(), ext["command"])
+    assert (
+        args.max_pods_per_node,
+        args.inventory_source,
+        args.no_preemptor,
+        args.write_gpu_status,
+        args.gpu_status_interval,
+    ) == (64, "node-labels", True, True, 2.0)
+    assert (args.max_inflight_nodes, args.expansion_delay, args.expansion_claim_timeout) == (3, 5.0, 60.0)
+    web_args = _parse(webhook_cli.build_parser(), web["command"])
+    assert (web_args.scheduler_name, web_args.request_timeout) == ("gpu-scheduler", 4.0)
+    certs_args = _parse(certs_cli.build_parser(), hook["command"])
+    assert certs_args.dns == [
+        f"tensor-fusion-webhook.{NS}.svc",
+        f"tensor-fusion-webhook.{NS}.svc.cluster.local",
+    ]
+    config = yaml.safe_load(
+        _find(objs, "ConfigMap", "tensor-fusion-scheduler-config")["data"]["kube-scheduler-config.yaml"]
+    )
+    assert [p["schedulerName"] for p in config["profiles"]] == ["gpu-scheduler"]
+    assert config["leaderElection"]["resourceNamespace"] == NS
+
+    off = render(helm, "--set", "expansion.enabled=false", "--set", "extender.writeGpuStatus=false")
+    args = _parse(
+        extender_cli.build_parser(),
+        _container(off, "Deployment", "tensor-fusion-scheduler", "extender")["command"],
+    )
+    assert (args.expansion_enabled, args.write_gpu_status) == (False, False)
+    # auto: TensorFusion's own controller (GPUNode API served) owns GPU status
+    tf = render(helm, "--api-versions", "tensor-fusion.ai/v1/GPUNode")
+    assert (
+        "--write-gpu-status"
+        not in _container(tf, "Deployment", "tensor-fusion-scheduler", "extender")["command"]
+    )
+
+
+def test_tls_modes(helm):
+    ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n").decode()
+    secret = render(
+        helm, "--set", "tls.mode=secret", "--set", "tls.secretName=mine", "--set", f"tls.caBundle={ca}"
+    )
+    assert not [o for o in secret if _is_hook(o)]
+    web = _find(secret, "MutatingWebhookConfiguration", "tensor-fusion-webhook")
+    assert web["webhooks"][0]["clientConfig"]["caBundle"] == ca
+    volumes = _find(secret, "Deployment", "tensor-fusion-webhook")["spec"]["template"]["spec"]["volumes"]
+    assert volumes == [{"name": "certs", "secret": {"secretName": "mine"}}]
+
+    for args in (["--set", "tls.mode=cert-manager"], ["--api-versions", "cert-manager.io/v1"]):
+        cm = render(helm, *args)
+        assert sorted(_key(o) for o in cm if o["kind"] in ("Issuer", "Certificate")) == [
+            f"Certificate/{NS}/tensor-fusion-webhook",
+            f"Certificate/{NS}/tensor-fusion-webhook-ca",
+            f"Issuer/{NS}/tensor-fusion-ca",
+            f"Issuer/{NS}/tensor-fusion-selfsigned",
+        ]
+        web = _find(cm, "MutatingWebhookConfiguration", "tensor-fusion-webhook")
+        assert web["metadata"]["annotations"] == {
+            "cert-manager.io/inject-ca-from": f"{NS}/tensor-fusion-webhook"
+        }
+        assert not [o for o in cm if _is_hook(o)]
+    bad = _run(helm, "template", RELEASE, CHART, "--set", "tls.mode=magic", check=False)
+    assert bad.returncode != 0 and 'tls.mode "magic": use auto, hook, secret or cert-manager' in bad.stderr
+
+
+def test_placement_defaults(helm):
+    objs = render(
+        helm,
+        "--set",
+        "placement.defaultPool.create=true",
+        "--set",
+        "placement.defaultPool.name=gpus",
+        "--set",
+        "placement.defaultPool.mode=CompactFirst",
+    )
+    pool = _find(objs, "GPUPool", "gpus")
+    assert pool["metadata"]["annotations"] == {"tensor-fusion.ai/is-default-pool": "true"}
+    assert pool["spec"]["schedulingConfigTemplate"] == "gpus-placement"
+    assert _find(objs, "SchedulingConfigTemplate", "gpus-placement")["spec"] == {
+        "placement": {"mode": "CompactFirst"}
+    }
+    bad = _run(
+        helm,
+        "template",
+        RELEASE,
+        CHART,
+        "--set",
+        "placement.defaultPool.create=true",
+        "--set",
+        "placement.defaultPool.mode=Fastest",
+        check=False,
+    )
+    assert bad.returncode != 0 and "placement.defaultPool.mode" in bad.stderr
+
+
+# ------------------------------------------------------------------------- install, schedule, upgrade
+
+
+@pytest.fixture(scope="module")
+def helm_cluster(e2e_binaries, tmp_path_factory):
+    """A control plane of this module's own, without the project's CRDs (the chart installs them)."""
+    cp = cpl.ControlPlane(tmp_path_factory.mktemp("helm-cp"), e2e_binaries)
+    started: list[cpl.ManagedProcess] = []
+    try:
+        cp.start()
+        yield cp, started
+    finally:
+        for proc in reversed(started):
+            proc.stop()
+            cp.registry.forget(proc)
+        cp.stop()
+
+
+def _local(
+    cp: cpl.ControlPlane, started: list[cpl.ManagedProcess], name: str, command: list[str], extra: list[str]
+) -> cpl.ManagedProcess:
+    """The container's exact command line, as a local process, plus the overrides a laptop needs."""
+    proc = cp.registry.start(name, [str(cpl.console_script(command[0])), *command[1:], *extra], cp.log_dir)
+    started.append(proc)
+    return proc
+
+
+def sa_kubeconfig(cp: cpl.ControlPlane, name: str) -> Path:
+    """A kubeconfig with a token of ServiceAccount NS/name from the TokenRequest API (the ServiceAccount the
+    chart created), so the chart's RBAC bindings decide what it may do. (A client certificate cannot carry
+    system:serviceaccount:tensor-fusion-system:tensor-fusion-scheduler: a CN has at most 64 characters.)"""
+    core = client.CoreV1Api(cp.api_client())
+    token = core.create_namespaced_service_account_token(
+        name, NS, {"spec": {"expirationSeconds": 3600}}
+    ).status.token
+    cfg = yaml.safe_load(cp.kubeconfig.read_text())
+    cfg["users"] = [{"name": name, "user": {"token": token}}]
+    cfg["contexts"][0]["context"]["user"] = name
+    path = cp.workdir / f"sa-token-{name}.kubeconfig"
+    path.write_text(yaml.safe_dump(cfg))
+    path.chmod(0o600)
+    return path
+
+
+def _gone(read: Any) -> bool:
+    try:
+        read()
+    except client.ApiException as exc:
+        return exc.status == 404
+    return False
+
+
+def _hook_objects(helm: Path, kubeconfig: Path) -> list[dict[str, Any]]:
+    out = _run(helm, "get", "hooks", RELEASE, "--namespace", NS, kubeconfig=kubeconfig).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def _run_hook(cp: cpl.ControlPlane, hooks: list[dict[str, Any]]) -> str:
+    """What Helm's hook would do: its RBAC objects, then the Job's command as the Job's ServiceAccount."""
+    api = cp.api_client()
+    from kubernetes.dynamic import DynamicClient
+
+    dyn = DynamicClient(api)
+    for obj in hooks:
+        if obj["kind"] == "Job":
+            continue
+        res = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        res.server_side_apply(
+            body=obj,
+            name=obj["metadata"]["name"],
+            namespace=obj["metadata"].get("namespace"),
+            field_manager="helm-hook",
+            force_conflicts=True,
+        )
+    job = next(o for o in hooks if o["kind"] == "Job")
+    pod = job["spec"]["template"]["spec"]
+    kubeconfig = sa_kubeconfig(cp, pod["serviceAccountName"])
+    command = pod["containers"][0]["command"]
+
+    def attempt() -> str:  # RBAC takes a moment to count after the bindings are created
+        return cpl.run_console_script(command[0], *command[1:], "--kubeconfig", kubeconfig)
+
+    return cpl.wait_until(attempt, 20, interval=0.5, what="the tf-certs hook to succeed")
+
+
+def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):
+    cp, started = helm_cluster
+    kc = cp.kubeconfig
+    api = cp.api_client()
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    admission = client.AdmissionregistrationV1Api(api)
+
+    out = _run(
+        helm, "install", RELEASE, CHART, "--namespace", NS, "--create-namespace", "--no-hooks", kubeconfig=kc
+    )
+    assert "STATUS: deployed" in out.stdout
+    installed = [
+        d
+        for d in yaml.safe_load_all(
+            _run(helm, "get", "manifest", RELEASE, "--namespace", NS, kubeconfig=kc).stdout
+        )
+        if d
+    ]
+    assert {_key(o) for o in installed} == {_key(o) for o in render(helm) if not _is_hook(o)}
+    cpl.wait_until(
+        lambda: (
+            client.ApiextensionsV1Api(api)
+            .read_custom_resource_definition("gpus.tensor-fusion.ai")
+            .status.accepted_names.kind
+            == "GPU"
+        ),
+        30,
+        what="the chart's CRDs",
+    )
+
+    # pre-install then post-install hook, as Helm runs them
+    hooks = _hook_objects(helm, kc)
+    first = _run_hook(cp, hooks)
+    assert "generated a new CA" in first and "does not exist yet" not in first  # the config is installed
+    again = _run_hook(cp, hooks)
+    assert "reused the CA" in again and "kept Secret" in again and "already carries the CA" in again
+    tls = core.read_namespaced_secret("tensor-fusion-webhook-tls", NS)
+    ca_pem = base64.b64decode(tls.data["ca.crt"])
+    config = admission.read_mutating_webhook_configuration("tensor-fusion-webhook")
+    assert base64.b64decode(config.webhooks[0].client_config.ca_bundle) == ca_pem
+
+    # the installed processes, run locally
+    deploy = {o["metadata"]["name"]: o for o in installed if o["kind"] == "Deployment"}
+    sched_pod = deploy["tensor-fusion-scheduler"]["spec"]["template"]["spec"]
+    ext = next(c for c in sched_pod["containers"] if c["name"] == "extender")
+    sa_kc = sa_kubeconfig(cp, sched_pod["serviceAccountName"])
+    port = cpl.free_port()
+    extender = _local(
+        cp, started, "chart-extender", ext["command"], [f"--port={port}", f"--kubeconfig={sa_kc}"]
+    )
+    cpl.wait_until(
+        lambda: cpl.http_ready(f"http://127.0.0.1:{port}/readyz", extender), 60, what="the chart's extender"
+    )
+    cm = core.read_namespaced_config_map("tensor-fusion-scheduler-config", NS)
+    sched_cfg = cp.workdir / "chart-scheduler-config.yaml"
+    sched_cfg.write_text(cm.data["kube-scheduler-config.yaml"])
+    cfg = cpl.scheduler_config(sa_kc, f"http://127.0.0.1:{port}/scheduler", source=sched_cfg)
+    started.append(
+        cpl.start_scheduler(cp, e2e_binaries["kube-scheduler"], "", name="chart-scheduler", config=cfg)
+    )
+    started.append(cpl.start_kwok(cp, e2e_binaries["kwok"], e2e_binaries["kwok-stages"], name="chart-kwok"))
+
+    web_pod = deploy["tensor-fusion-webhook"]["spec"]["template"]["spec"]
+    web = web_pod["containers"][0]
+    cert_dir = cp.workdir / "chart-webhook-certs"  # loopback certificate: no Service network here
+    cpl.run_console_script(
+        "tf-certs", "generate", "--out-dir", cert_dir, "--dns", "localhost", "--ip", "127.0.0.1"
+    )
+    web_port = cpl.free_port()
+    web_kc = sa_kubeconfig(cp, web_pod["serviceAccountName"])
+    webhook = _local(
+        cp,
+        started,
+        "chart-webhook",
+        web["command"],
+        [
+            f"--port={web_port}",
+            "--bind-address=127.0.0.1",
+            f"--cert-dir={cert_dir}",
+            f"--kubeconfig={web_kc}",
+        ],
+    )
+    cpl.wait_until(
+        lambda: cpl.https_ready(f"https://127.0.0.1:{web_port}/readyz", cert_dir / "ca.crt", webhook),
+        60,
+        what="the chart's webhook",
+    )
+    admission.patch_mutating_webhook_configuration(
+        "tensor-fusion-webhook",
+        [
+            {
+                "op": "replace",
+                "path": "/webhooks/0/clientConfig",
+                "value": {
+                    "url": f"https://127.0.0.1:{web_port}/mutate",
+                    "caBundle": base64.b64encode((cert_dir / "ca.crt").read_bytes()).decode(),
+                },
+            }
+        ],
+    )
+
+    pool = f"helm-{uuid.uuid4().hex[:6]}"
+    cpl.create_cluster_object(
+        api,
+        "gpupools",
+        {
+            "apiVersion": f"{cpl.TF_GROUP}/{cpl.TF_VERSION}",
+            "kind": "GPUPool",
+            "metadata": {"name": pool, "annotations": {cpl.DEFAULT_POOL_ANNOTATION: "true"}},
+            "spec": {},
+        },
+    )
+    cpl.create_gpu(api, f"{pool}-gpu-0", f"{pool}-node", pool=pool, tflops="100", vram="40Gi")
+    cpl.create_node(api, f"{pool}-node")
+    cpl.wait_for_webhook_pool(api, pool, timeout=60)
+    core.create_namespace({"metadata": {"name": "work"}})
+    cpl.create_pod(api, "work", cpl.gpu_pod_body("train", tflops="30", vram="10Gi"))
+    node, gpus = cpl.placement(api, "work", "train", timeout=90)
+    assert (node, gpus) == (f"{pool}-node", [f"{pool}-gpu-0"])
+    pod = core.read_namespaced_pod("train", "work")
+    assert pod.spec.scheduler_name == "tensor-fusion-scheduler"  # mutated by the chart's webhook
+    custom = client.CustomObjectsApi(api)
+    cpl.wait_until(
+        lambda: (
+            custom.get_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "gpus", f"{pool}-gpu-0")["status"][
+                "available"
+            ]
+            == {"tflops": "70", "vram": "30Gi"}
+        ),
+        30,
+        what="the chart's extender (default --write-gpu-status, chart RBAC) to write GPU status",
+    )
+
+    # upgrade: new values reach the objects; the caBundle the hook set survives Helm's three-way merge
+    admission.patch_mutating_webhook_configuration(
+        "tensor-fusion-webhook",
+        [
+            {
+                "op": "replace",
+                "path": "/webhooks/0/clientConfig",
+                "value": {
+                    "service": {
+                        "name": "tensor-fusion-webhook",
+                        "namespace": NS,
+                        "path": "/mutate",
+                        "port": 443,
+                    },
+                    "caBundle": base64.b64encode(ca_pem).decode(),
+                },
+            }
+        ],
+    )
+    out = _run(
+        helm,
+        "upgrade",
+        RELEASE,
+        CHART,
+        "--namespace",
+        NS,
+        "--no-hooks",
+        "--set",
+        "extender.maxPodsPerNode=128",
+        "--set",
+        "webhook.replicas=3",
+        kubeconfig=kc,
+    )
+    assert "STATUS: deployed" in out.stdout and "REVISION: 2" in out.stdout
+    assert apps.read_namespaced_deployment("tensor-fusion-webhook", NS).spec.replicas == 3
+    sched = apps.read_namespaced_deployment("tensor-fusion-scheduler", NS).spec.template.spec
+    assert "--max-pods-per-node=128" in next(c for c in sched.containers if c.name == "extender").command
+    config = admission.read_mutating_webhook_configuration("tensor-fusion-webhook")
+    assert base64.b64decode(config.webhooks[0].client_config.ca_bundle) == ca_pem
+    upgraded = _run_hook(cp, _hook_objects(helm, kc))  # the pre-upgrade hook keeps what is valid
+    assert "reused the CA" in upgraded and "kept Secret" in upgraded
+
+    out = _run(helm, "uninstall", RELEASE, "--namespace", NS, kubeconfig=kc)
+    assert "uninstalled" in out.stdout
+    for what, read in (
+        ("the scheduler Deployment", lambda: apps.read_namespaced_deployment("tensor-fusion-scheduler", NS)),
+        (
+            "the webhook configuration",
+            lambda: admission.read_mutating_webhook_configuration("tensor-fusion-webhook"),
+        ),
+        (
+            "the extender's ClusterRole",
+            lambda: client.RbacAuthorizationV1Api(api).read_cluster_role("tensor-fusion-extender"),
+        ),
+    ):
+        cpl.wait_until(lambda read=read: _gone(read), 30, what=f"uninstall to remove {what}")
+    # Helm keeps CRDs (and so the GPU objects) on uninstall, by design; the hook's Secrets stay too
+    assert client.ApiextensionsV1Api(api).read_custom_resource_definition("gpus.tensor-fusion.ai")
+    assert _run(helm, "list", "--namespace", NS, "-q", kubeconfig=kc).stdout.strip() == ""
+    with contextlib.suppress(Exception):
+        api.close()
