@@ -21,8 +21,11 @@ from prometheus_client import CollectorRegistry
 from promql_names import DASHBOARD, PROMETHEUS_OWN, ROOT, RULES, dashboard_queries, rules, selectors
 
 from certs import authority
+from extender.defrag.metrics import DefragMetrics
 from extender.expansion.metrics import ExpansionMetrics
 from extender.gpustatus import StatusMetrics
+from extender.lifecycle.compactor import CompactorMetrics
+from extender.lifecycle.provisioner import ProvisionerMetrics
 from extender.metrics import Metrics
 from extender.stranded import StrandedCollector, count_stranded
 from webhook.metrics import WebhookMetrics, certificate_not_after
@@ -55,6 +58,9 @@ def exported_names() -> set[str]:
     ExpansionMetrics(metrics.registry)
     StatusMetrics(metrics.registry)
     metrics.registry.register(StrandedCollector(_Empty(), _Empty()))
+    CompactorMetrics(metrics.registry)
+    ProvisionerMetrics(metrics.registry)
+    DefragMetrics(metrics.registry)
     webhook = WebhookMetrics(registry)
     webhook.track_certificate(Path("/nonexistent/tls.crt"))
     names: set[str] = set()
