@@ -735,6 +735,15 @@ class ClusterState:
             return None, self._tick
         return set(self._changes[tick - self._changes_base:]), self._tick
 
+    def pool_occupancy(self, pool: str) -> dict[str, tuple[int, int, float]]:
+        """Per node with GPUs of ``pool``: how many it has, how many hold an allocation, their mean load."""
+        out = {}
+        for node in self._devices:
+            slots = [s for s in self._slots(node) if s.device.pool == pool]
+            if slots:
+                out[node] = (len(slots), sum(1 for s in slots if not s.idle), mean_load(slots))
+        return out
+
     def allocations(self) -> list[Allocation]:
         """Every allocation that counts (bound pods, then reservations of binds in flight)."""
         return self._ledger.allocations()

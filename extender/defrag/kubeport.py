@@ -32,6 +32,11 @@ class KubeDefragPort:
                                 query={"fieldSelector": f"spec.nodeName={node}"})
         return [{"kind": "Pod", **item} for item in (answer or {}).get("items") or []]
 
+    async def all_pods(self) -> list[dict[str, Any]]:
+        answer = await api_call(request_json, self.api_client, "GET", collection_path(PODS),
+                                query={"fieldSelector": "spec.nodeName!="})
+        return [{"kind": "Pod", **item} for item in (answer or {}).get("items") or []]
+
     async def pdbs(self) -> list[dict[str, Any]]:
         answer = await api_call(request_json, self.api_client, "GET", collection_path(PDBS))
         return [{"kind": "PodDisruptionBudget", **item} for item in (answer or {}).get("items") or []]

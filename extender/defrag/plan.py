@@ -97,6 +97,7 @@ class Plan:
     moves: tuple[Move, ...]  # in the order to evict them
     skips: tuple[Skip, ...]
     fenced: frozenset[str]  # pool nodes no worker may move onto: candidates and empty nodes
+    eligible: tuple[str, ...] = ()  # candidates that pass the node checks, in order (before the simulation)
 
     @property
     def sources(self) -> list[str]:
@@ -109,14 +110,8 @@ class Plan:
 
 def pool_nodes(state: ClusterState, pool: str) -> dict[str, NodeUse]:
     """Every node with GPUs of ``pool``, with the use of those GPUs."""
-    out = {}
-    for node in state.nodes():
-        gpus = [g for g in state.node_gpus(node) if g.pool == pool]
-        if gpus:
-            used = sum(1 for g in gpus if g.used_tflops > 0 or g.used_vram > 0)
-            load = round(sum(g.used_percent for g in gpus) / len(gpus), 9)
-            out[node] = NodeUse(node, len(gpus), used, load)
-    return out
+    return {node: NodeUse(node, gpus, used, load)
+            for node, (gpus, used, load) in sorted(state.pool_occupancy(pool).items())}
 
 
 def candidate_nodes(uses: Mapping[str, NodeUse], threshold_percent: int) -> list[str]:
@@ -129,8 +124,11 @@ def fenced_nodes(uses: Mapping[str, NodeUse], threshold_percent: int) -> frozens
     return frozenset(n for n, u in uses.items() if u.used_gpus == 0 or u.occupancy <= threshold_percent)
 
 
-def workers_on(state: ClusterState, node: str) -> list[Allocation]:
-    return [a for a in state.allocations() if a.node == node]
+def workers_by_node(state: ClusterState) -> dict[str, list[Allocation]]:
+    out: dict[str, list[Allocation]] = {}
+    for allocation in state.allocations():
+        out.setdefault(allocation.node, []).append(allocation)
+    return out
 
 
 def cordoned(node: Mapping[str, Any] | None) -> bool:
@@ -244,6 +242,29 @@ def node_admits(pod: Mapping[str, Any], node: Mapping[str, Any] | None) -> bool:
                if t.get("effect") in ("NoSchedule", "NoExecute"))
 
 
+def _constraints(pod: Mapping[str, Any]) -> tuple[object, ...]:
+    spec = pod.get("spec") or {}
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution")
+    return (spec.get("nodeSelector") or None, required or None, spec.get("tolerations") or None)
+
+
+def _tainted(node: Mapping[str, Any] | None) -> bool:
+    return any(t.get("effect") in ("NoSchedule", "NoExecute")
+               for t in ((node or {}).get("spec") or {}).get("taints") or [])
+
+
+def admitted(pod: Mapping[str, Any], targets: Sequence[str], nodes: Mapping[str, Mapping[str, Any]],
+             tainted: frozenset[str]) -> list[str]:
+    """The targets ``node_admits`` lets the pod onto. ``tainted``: the nodes with NoSchedule or NoExecute
+    taints; a pod without node constraints needs checking on those only (the common case)."""
+    if _constraints(pod) == (None, None, None):
+        if not tainted:
+            return list(targets)
+        return [t for t in targets if t not in tainted or node_admits(pod, nodes.get(t))]
+    return [t for t in targets if node_admits(pod, nodes.get(t))]
+
+
 def covering_pdbs(pod: Mapping[str, Any], pdbs: Iterable[Mapping[str, Any]]) -> list[str]:
     meta = pod.get("metadata") or {}
     namespace, labels = meta.get("namespace") or "default", meta.get("labels") or {}
@@ -333,7 +354,7 @@ def _size(worker: Allocation) -> tuple[int, int, str]:
 
 def _place_node(state: ClusterState, source: NodeUse, workers: Sequence[Allocation],
                 pods: Mapping[str, Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]],
-                targets: Sequence[str],
+                targets: Sequence[str], tainted: frozenset[str],
                 reason: str) -> tuple[list[Move], list[Reservation], str | None]:
     """Place the node's workers on ``targets``; on the first that fits nowhere, undo and say why."""
     moves: list[Move] = []
@@ -341,7 +362,7 @@ def _place_node(state: ClusterState, source: NodeUse, workers: Sequence[Allocati
     for worker in sorted(workers, key=_size):
         pod = pods[worker.pod_key]
         sim = simulation_pod(pod)
-        ranked = state.rank(sim, [t for t in targets if node_admits(pod, nodes.get(t))])
+        ranked = state.rank(sim, admitted(pod, targets, nodes, tainted))
         placed = False
         for target in ranked:
             try:
@@ -359,16 +380,22 @@ def _place_node(state: ClusterState, source: NodeUse, workers: Sequence[Allocati
 
 
 def plan_pool(state: ClusterState, pool: str, config: DefragConfig, snapshot: Snapshot,
-              now: dt.datetime, only: Iterable[str] | None = None) -> Plan:
-    """The run's plan for ``pool`` now. ``only`` limits it to these source nodes (a run in progress
-    re-plans the nodes it set out to empty)."""
+              now: dt.datetime, only: Iterable[str] | None = None, simulate: bool = True) -> Plan:
+    """The run's plan for ``pool`` now. ``only`` limits it to these source nodes (the live loop plans one
+    node at a time, each from the cluster as the previous moves left it); ``simulate=False`` stops after
+    the node checks (the run's overview: candidates, skips, the nodes to try)."""
     uses = pool_nodes(state, pool)
     threshold = config.threshold_percent
     candidates = candidate_nodes(uses, threshold)
     fenced = fenced_nodes(uses, threshold)
     wanted = set(only) if only is not None else None
+    on_node = workers_by_node(state)
+    tainted = frozenset(n for n in uses if _tainted(snapshot.nodes.get(n)))
+    open_nodes = sorted((n, u.fullness) for n, u in uses.items()
+                        if n not in fenced and not cordoned(snapshot.nodes.get(n)))
     moves: list[Move] = []
     skips: list[Skip] = []
+    eligible: list[str] = []
     held: list[Reservation] = []
     try:
         for node in candidates:
@@ -378,7 +405,7 @@ def plan_pool(state: ClusterState, pool: str, config: DefragConfig, snapshot: Sn
             # workers are matched to pod objects by namespace/name: a snapshot's pods may have no uid
             pods = {pod_key(p): p for p in snapshot.pods_by_node.get(node, ())}
             # a worker already on its way out (evicted earlier, terminating) needs no move
-            workers = [w for w in workers_on(state, node)
+            workers = [w for w in on_node.get(node, ())
                        if not ((pods.get(w.pod_key) or {}).get("metadata") or {}).get("deletionTimestamp")]
             if not workers:
                 continue
@@ -386,13 +413,14 @@ def plan_pool(state: ClusterState, pool: str, config: DefragConfig, snapshot: Sn
             if skip is not None:
                 skips.append(skip)
                 continue
-            targets = sorted(n for n, u in uses.items()
-                             if n not in fenced and not cordoned(snapshot.nodes.get(n))
-                             and u.fullness >= use.fullness)
+            eligible.append(node)
+            if not simulate:
+                continue
+            targets = [n for n, fullness in open_nodes if fullness >= use.fullness]
             reason = (f"node {node} has {use.used_gpus}/{use.gpus} GPUs in use "
                       f"({use.occupancy:.0f}% <= {threshold}%)")
             node_moves, node_held, problem = _place_node(state, use, workers, pods, snapshot.nodes, targets,
-                                                            reason)
+                                                         tainted, reason)
             if problem is not None:
                 skips.append(Skip(node, SkipReason.NO_ROOM, problem))
                 continue
@@ -401,4 +429,4 @@ def plan_pool(state: ClusterState, pool: str, config: DefragConfig, snapshot: Sn
     finally:
         for reservation in held:
             state.release(reservation)
-    return Plan(pool, tuple(candidates), tuple(moves), tuple(skips), fenced)
+    return Plan(pool, tuple(candidates), tuple(moves), tuple(skips), fenced, tuple(eligible))

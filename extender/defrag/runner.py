@@ -46,6 +46,7 @@ DEFAULT_TICK_SECONDS = 5.0
 DEFAULT_REPLACEMENT_TIMEOUT_SECONDS = 300.0
 EVICTION_RETRY_SECONDS = 2.0
 POLL_SECONDS = 0.5
+PER_NODE_LISTS = 20  # more candidate nodes than this: one cluster-wide pod list per plan
 FENCED_MESSAGE = "node is being emptied by defragmentation of pool {pool}"
 
 
@@ -60,6 +61,8 @@ class DefragPort(Protocol):
     """What a run reads and writes besides the extender's own state."""
 
     async def pods_on(self, node: str) -> list[dict[str, Any]]: ...
+
+    async def all_pods(self) -> list[dict[str, Any]]: ...
 
     async def pdbs(self) -> list[dict[str, Any]]: ...
 
@@ -217,36 +220,53 @@ class Defragmenter:
 
     # --- one run --------------------------------------------------------------------------------------
 
-    async def snapshot(self, pool: str, config: DefragConfig) -> Snapshot:
+    async def snapshot(self, pool: str, config: DefragConfig, only: Sequence[str] | None = None) -> Snapshot:
+        """Node objects of the pool, the pods on its candidate nodes (those in ``only`` when given), PDBs."""
         uses = pool_nodes(self.state, pool)
         nodes = {n: obj for n in uses if (obj := self.port.node(n)) is not None}
-        pods = {n: await self.port.pods_on(n) for n in candidate_nodes(uses, config.threshold_percent)}
+        wanted = [n for n in candidate_nodes(uses, config.threshold_percent) if only is None or n in only]
+        if len(wanted) > PER_NODE_LISTS:  # one list of every pod beats hundreds of per-node lists
+            wanted_set = set(wanted)
+            pods: dict[str, list[dict[str, Any]]] = {n: [] for n in wanted}
+            for pod in await self.port.all_pods():
+                node = (pod.get("spec") or {}).get("nodeName")
+                if node in wanted_set:
+                    pods[node].append(pod)
+        else:
+            pods = {n: await self.port.pods_on(n) for n in wanted}
         return Snapshot(nodes, pods, await self.port.pdbs())
 
-    async def plan(self, pool: str, config: DefragConfig, only: Sequence[str] | None = None) -> Plan:
-        snapshot = await self.snapshot(pool, config)
-        return plan_pool(self.state, pool, config, snapshot, self.now(), only)
+    async def plan(self, pool: str, config: DefragConfig, only: Sequence[str] | None = None,
+                   simulate: bool = True) -> Plan:
+        snapshot = await self.snapshot(pool, config, only)
+        return plan_pool(self.state, pool, config, snapshot, self.now(), only, simulate)
 
     async def run_pool(self, pool_obj: dict[str, Any], config: DefragConfig, trigger: Trigger) -> RunResult:
+        """One run: the overview (candidates, the nodes left as they are), then node by node, emptiest
+        first, plan that node from the cluster as it is and move its workers one at a time."""
         pool = _pool_name(pool_obj)
         started = self.now()
         deadline = started + config.max_duration
         result = RunResult(pool, trigger)
-        plan = await self.plan(pool, config)
-        sources = plan.sources
-        result.skips = list(plan.skips)
+        overview = await self.plan(pool, config, simulate=False)
         log.info("defrag run started", extra={"pool": pool, "trigger": trigger.value,
-                                              "candidates": list(plan.candidates), "sources": sources})
+                                              "candidates": list(overview.candidates),
+                                              "eligible": list(overview.eligible)})
         self.recorder.record(pool_obj, "DefragStarted", (
-            f"defragmentation started ({trigger.value}): {len(plan.candidates)} candidate nodes, "
-            f"{len(sources)} to empty ({', '.join(sources) or 'none'}), {len(plan.skips)} left as they are, "
+            f"defragmentation started ({trigger.value}): {len(overview.candidates)} candidate nodes, "
+            f"{len(overview.eligible)} to empty if their workers fit elsewhere "
+            f"({', '.join(overview.eligible) or 'none'}), {len(overview.skips)} left as they are, "
             f"maxDuration {config.max_duration}"))
-        for skip in plan.skips:
-            self._report_skip(pool_obj, skip)
-        self._fences[pool] = plan.fenced
+        for skip in overview.skips:
+            self._report_skip(pool_obj, skip, result)
+        self._fences[pool] = overview.fenced
+        sources: list[str] = []
         try:
-            if sources:
-                await self._move_all(pool_obj, config, sources, deadline, result)
+            for node in overview.eligible:
+                if await self._empty_node(pool_obj, config, node, deadline, result):
+                    sources.append(node)
+                if result.stopped:
+                    break
         finally:
             self._fences.pop(pool, None)
         remaining = {a.node for a in self.state.allocations()}
@@ -255,28 +275,31 @@ class Defragmenter:
         self._finish(pool_obj, result)
         return result
 
-    async def _move_all(self, pool_obj: dict[str, Any], config: DefragConfig, sources: list[str],
-                        deadline: dt.datetime, result: RunResult) -> None:
+    async def _empty_node(self, pool_obj: dict[str, Any], config: DefragConfig, node: str,
+                          deadline: dt.datetime, result: RunResult) -> bool:
+        """Move the node's workers one at a time, planning the node again before each eviction; whether
+        any moved. Sets ``result.stopped`` when the run has to end."""
         pool = _pool_name(pool_obj)
+        moved = False
         while True:
             if self.now() >= deadline:
                 result.stopped = f"maxDuration {config.max_duration} reached"
-                return
-            plan = await self.plan(pool, config, only=sources)
-            if not plan.moves:
-                for skip in plan.skips:  # nodes the run could not finish: say why
-                    log.info("defrag leaves node", extra={"pool": pool, "node": skip.node,
-                                                          "reason": skip.message})
-                return
+                return moved
+            plan = await self.plan(pool, config, only=[node])
+            for skip in plan.skips:  # no room (or something changed since the overview): say why
+                self._report_skip(pool_obj, skip, result)
+            if plan.skips or not plan.moves:
+                return moved
             move = plan.moves[0]
             owner, before = self._siblings_before(move)
             outcome = await self._evict(move, deadline)
             if outcome is None:
                 result.stopped = f"maxDuration {config.max_duration} reached"
-                return
+                return moved
             if outcome is not Eviction.EVICTED:
                 result.stopped = f"could not evict pod {move.pod}: {outcome.value}"
-                return
+                return moved
+            moved = True
             result.moved.append(move)
             self.metrics.evictions.labels(pool).inc()
             self.recorder.record(pool_obj, "DefragPodEvicted", f"evicted pod {move.pod} from node "
@@ -286,7 +309,7 @@ class Defragmenter:
             problem = await self._await_replacement(move, owner, before, deadline)
             if problem is not None:
                 result.stopped = problem
-                return
+                return moved
 
     async def _evict(self, move: Move, deadline: dt.datetime) -> Eviction | None:
         """Evict, retrying while a PodDisruptionBudget refuses; None when the deadline comes first."""
@@ -339,8 +362,9 @@ class Defragmenter:
                 count += 1
         return count
 
-    def _report_skip(self, pool_obj: dict[str, Any], skip: Skip) -> None:
+    def _report_skip(self, pool_obj: dict[str, Any], skip: Skip, result: RunResult) -> None:
         pool = _pool_name(pool_obj)
+        result.skips.append(skip)
         self.metrics.skips.labels(pool, skip.reason.value).inc()
         if skip.reason is SkipReason.MISSING_PDB:
             self.recorder.record(pool_obj, "DefragSkipMissingPDB", skip.message, "Warning")

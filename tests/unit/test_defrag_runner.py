@@ -68,6 +68,9 @@ class FakeCluster:
     async def pods_on(self, node: str) -> list[dict[str, Any]]:
         return [p for p in self._pods() if p["spec"].get("nodeName") == node]
 
+    async def all_pods(self) -> list[dict[str, Any]]:
+        return [p for p in self._pods() if p["spec"].get("nodeName")]
+
     async def pdbs(self) -> list[dict[str, Any]]:
         return [o for o in self.objects if o["kind"] == "PodDisruptionBudget"]
 
@@ -255,3 +258,46 @@ def test_fence_keeps_pool_pods_off_fenced_nodes_while_another_fits():
     assert defragmenter.restrict(pod, only_fenced) is only_fenced
     other_pool = {"metadata": {"annotations": {"tensor-fusion.ai/gpupool": "q"}}}
     assert defragmenter.restrict(other_pool, outcome) is outcome
+
+
+async def test_many_candidates_are_read_with_one_pod_list(monkeypatch):
+    import extender.defrag.runner as runner
+
+    monkeypatch.setattr(runner, "PER_NODE_LISTS", 0)
+    defragmenter, cluster, _, _, _ = setup(four_nodes())
+    calls: list[str] = []
+    original_all, original_on = cluster.all_pods, cluster.pods_on
+
+    async def all_pods() -> list[dict[str, Any]]:
+        calls.append("all")
+        return await original_all()
+
+    async def pods_on(node: str) -> list[dict[str, Any]]:
+        calls.append(node)
+        return await original_on(node)
+
+    cluster.all_pods, cluster.pods_on = all_pods, pods_on  # type: ignore[method-assign]
+    pool_obj = cluster.pools()[0]
+    result = await defragmenter.run_pool(pool_obj, parse_config(pool_obj), Trigger.MANUAL)
+    assert result.emptied == ["light-a", "light-b"]
+    assert set(calls) == {"all"}
+
+
+async def test_a_node_whose_room_the_previous_node_took_is_reported_no_room():
+    from defrag_fixtures import gpus, node, pdb, worker
+
+    objects: list[dict[str, Any]] = [pool()]
+    for name in ("heavy", "light-a", "light-b"):
+        objects += [node(name), *gpus(name)]
+    for i in range(3):
+        objects += [worker(f"heavy-w{i}", "heavy", i, tflops="100", vram="40Gi"), pdb(f"heavy-w{i}")]
+    objects += [worker("light-a-w0", "light-a", 0, tflops="100", vram="40Gi"), pdb("light-a-w0"),
+                worker("light-b-w0", "light-b", 0, tflops="100", vram="40Gi"), pdb("light-b-w0")]
+    defragmenter, cluster, recorder, _, metrics = setup(objects)
+    pool_obj = cluster.pools()[0]
+    result = await defragmenter.run_pool(pool_obj, parse_config(pool_obj), Trigger.MANUAL)
+    assert cluster.evictions == ["ml/light-a-w0"] and result.emptied == ["light-a"]
+    assert ("DefragSkipNode", "pod ml/light-b-w0 fits on no node of the pool that is at least as full "
+            "(no-room)", "Normal") in recorder.events
+    assert "2 candidate nodes, 2 to empty if their workers fit elsewhere" in recorder.events[0][1]
+    assert sample(metrics, "skips", pool="p", reason="no-room") == 1
