@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from extender.contract import GPURequest, format_bytes, format_tflops
+from extender.contract import GPURequest, format_allocated, format_bytes, format_tflops
 from extender.inventory import tflops_of
 from extender.placement import share_on
 
@@ -111,8 +111,7 @@ class Ledger:
         uid = allocation.uid
         current = self._bound.get(uid)
         if current is not None:
-            if (current.node, current.gpu_ids, current.request) != (
-                    allocation.node, allocation.gpu_ids, allocation.request):
+            if _holding(current) != _holding(allocation):
                 self._report(allocation, Distrust.RECORD_CHANGED,
                              f"pod {allocation.pod_key} changed its allocation record after the bind; "
                              f"still counting {_describe(current)}")
@@ -354,6 +353,11 @@ class Ledger:
 def _amount(usage: Usage) -> str:
     tflops = format_tflops(tflops_of(max(usage.tflops, 0)))
     return f"{tflops} TFLOPS and {format_bytes(max(usage.vram, 0))} VRAM"
+
+
+def _holding(allocation: Allocation) -> tuple[str, tuple[str, ...], str]:
+    """What an allocation holds: node, GPUs and the share of each (pool, limits, QoS do not count)."""
+    return allocation.node, allocation.gpu_ids, format_allocated(allocation.request)
 
 
 def _describe(allocation: Allocation) -> str:

@@ -28,6 +28,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -273,7 +274,11 @@ def make_leaf(
     x509, hashes, serialization, ec, _, EKU, NameOID = _pki()
     key = ec.generate_private_key(ec.SECP256R1())
     attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
-    attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+    # RFC 5280 caps a CN at 64 characters, but ServiceAccount user names are longer (system:serviceaccount:
+    # tensor-fusion-system:tensor-fusion-scheduler has 66) and kube-apiserver takes the CN as it is.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name, _validate=len(common_name) <= 64))
     now = _dt.datetime.now(_dt.UTC)
     builder = (
         x509.CertificateBuilder()
@@ -499,6 +504,12 @@ class ControlPlane:
         self._start_etcd()
         self._start_apiserver()
         self.kubeconfig = self.write_kubeconfig(self.workdir / "admin.kubeconfig")
+        # The extender authenticates as its ServiceAccount (the identity manifests/admission-policy.yaml
+        # trusts to write allocations), in system:masters as well so that the tests of other features do
+        # not depend on the shipped RBAC; test_manifests checks that RBAC with SubjectAccessReviews.
+        groups = ["system:masters", "system:serviceaccounts", f"system:serviceaccounts:{PROJECT_NAMESPACE}"]
+        self.extender_kubeconfig = self.kubeconfig_for(EXTENDER_USER, groups, name="tf-extender")
+        _EXTENDER_KUBECONFIGS[self.server] = self.extender_kubeconfig
         return self
 
     def api_client(self, kubeconfig: Path | None = None):
@@ -983,6 +994,50 @@ WEBHOOK_CONFIG_NAME = "tensor-fusion-webhook"
 PROJECT_NAMESPACE = "tensor-fusion-system"
 DEFAULT_POOL_ANNOTATION = "tensor-fusion.ai/is-default-pool"
 GPU_IDS_ANNOTATION = "tensor-fusion.ai/gpu-ids"
+EXTENDER_USER = f"system:serviceaccount:{PROJECT_NAMESPACE}:tensor-fusion-scheduler"
+ADMISSION_POLICY = MANIFESTS / "admission-policy.yaml"
+_EXTENDER_KUBECONFIGS: dict[str, Path] = {}  # API server URL -> kubeconfig of the extender's identity
+_EXTENDER_CLIENTS: dict[str, Any] = {}
+
+
+def as_extender(api_client: Any) -> Any:
+    """An API client of the same API server authenticating as the extender (see ControlPlane.start): what
+    a test that plays the extender's bind by hand writes with, since only the extender may write
+    allocations (manifests/admission-policy.yaml)."""
+    from kubernetes import config
+
+    host = api_client.configuration.host
+    if host not in _EXTENDER_CLIENTS:
+        _EXTENDER_CLIENTS[host] = config.new_client_from_config(config_file=str(_EXTENDER_KUBECONFIGS[host]))
+    return _EXTENDER_CLIENTS[host]
+
+
+def install_admission_policies(api_client: Any, timeout: float = 60) -> None:
+    """The shipped ValidatingAdmissionPolicies and their bindings, in force when this returns (a pod forging
+    an allocation is refused by a server-side dry run)."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    admission = client.AdmissionregistrationV1Api(api_client)
+    for doc in load_yaml_docs(ADMISSION_POLICY):
+        if doc["kind"] == "ValidatingAdmissionPolicy":
+            _create_or_replace(admission.create_validating_admission_policy,
+                               admission.read_validating_admission_policy,
+                               admission.replace_validating_admission_policy, doc)
+        else:
+            _create_or_replace(admission.create_validating_admission_policy_binding,
+                               admission.read_validating_admission_policy_binding,
+                               admission.replace_validating_admission_policy_binding, doc)
+    probe = placed_pod_body("policy-probe", "probe", ["probe-gpu"], "1", "1Gi")
+
+    def refused() -> bool:
+        try:
+            client.CoreV1Api(api_client).create_namespaced_pod("default", probe, dry_run="All")
+        except ApiException as exc:
+            return exc.status in (400, 403, 422) and GPU_IDS_ANNOTATION in (exc.body or "")
+        return False
+
+    wait_until(refused, timeout, interval=0.3, what="the ValidatingAdmissionPolicies to be in force")
 
 
 def console_script(name: str) -> Path:
@@ -1148,8 +1203,9 @@ def place_by_hand(
     priority_class: str | None = None,
 ) -> None:
     """Pre-existing load: a pod holding ``tflops``/``vram`` on each of ``gpus``, bound to ``node`` by hand."""
-    create_pod(api_client, namespace, placed_pod_body(name, pool, gpus, tflops, vram, priority_class))
-    bind_pod(api_client, namespace, name, node)
+    writer = as_extender(api_client)  # only the extender may write allocations
+    create_pod(writer, namespace, placed_pod_body(name, pool, gpus, tflops, vram, priority_class))
+    bind_pod(writer, namespace, name, node)
 
 
 # ------------------------------------------------------------------------------ webhook and extender
@@ -1222,6 +1278,7 @@ def start_webhook(control_plane: ControlPlane, api_client: Any,
         "tf-certs", "patch-webhook", "--name", WEBHOOK_CONFIG_NAME, "--ca-file", cert_dir / "ca.crt",
         "--kubeconfig", control_plane.kubeconfig,
     )
+    install_admission_policies(api_client)
     if default_pool is not None:
         with contextlib.suppress(client.ApiException):  # 409: already there
             create_cluster_object(api_client, "gpupools", {
@@ -1266,7 +1323,7 @@ class ExtenderRunner:
         return f"http://127.0.0.1:{self.port}"
 
     def argv(self, flags: dict[str, Any]) -> list[str]:
-        argv = [str(console_script("tf-extender")), "serve", "--kubeconfig", str(self.cp.kubeconfig),
+        argv = [str(console_script("tf-extender")), "serve", "--kubeconfig", str(self.cp.extender_kubeconfig),
                 "--port", str(self.port)]
         for key, value in flags.items():
             if value is False or value is None:

@@ -158,6 +158,10 @@ def _serve(app: web.Application) -> tuple[int, asyncio.AbstractEventLoop, thread
         started.set()
         loop.run_forever()
         loop.run_until_complete(runner.cleanup())
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         loop.close()
 
     thread = threading.Thread(target=run, daemon=True)

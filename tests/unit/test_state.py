@@ -478,3 +478,15 @@ def test_after_a_restart_records_count_within_capacity_only() -> None:
         state.apply(Kind.POD, "ADDED", bound(name, node, gpus, annotations=record_of))
     assert used(state, "g1")[0] == 80.0 and used(state, "g2")[0] == 0.0
     assert found == [("ml/forged", "over_capacity"), ("ml/elsewhere", "node_mismatch")]
+
+
+def test_later_updates_of_a_bound_pod_with_the_same_record_are_not_findings() -> None:
+    found: list[str] = []
+    state = ClusterState(on_refused=lambda a, reason, _message: found.append(reason.value))
+    for obj in (pool(POOL), gpu("g1", "n1")):
+        state.apply({"GPU": Kind.GPU, "GPUPool": Kind.POOL}[obj["kind"]], "ADDED", obj)
+    state.reserve(pod("a", "80"), "n1")
+    recorded = {"tensor-fusion.ai/allocated": "tflops=80,vram=4Gi"}
+    for rv in ("2", "3"):  # bound, then Running: the same record twice
+        state.apply(Kind.POD, "MODIFIED", bound("a", "n1", "g1", tflops="80", annotations=recorded, rv=rv))
+    assert found == [] and used(state, "g1")[0] == 80.0
