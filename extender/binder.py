@@ -12,7 +12,8 @@ timeout, a dropped connection) the write may still happen, even later (kube-apis
 after its own timeout), so the binder never releases the reservation on an unknown outcome: it reads the
 pod, and while the pod is still unbound it posts the same Binding again, until one answer is definite
 (bound with these GPUs, or refused). After a successful bind the reservation stays until the watched pod
-shows the allocation (the ledger then replaces it); a grace timer drops it in case the pod is never seen.
+shows the allocation (the ledger then replaces it), or a read of the pod after a grace period confirms it
+bound or gone (extender/confirm.py): a stalled watch never lets the capacity go twice.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from enum import Enum
 from fractions import Fraction
 from typing import Any, Protocol
 
+from extender.confirm import hold_until_confirmed
 from extender.contract import (
     ALLOCATED,
     COMPONENT_LABEL,
@@ -106,7 +108,8 @@ class _Seen(Enum):
 class Binder:
     def __init__(self, state: BindState, pods: PodLookup, api: PodApi, events: EventSink,
                  metrics: Metrics | None = None, *, index_poll: float = 1.0, index_wait: float = 600.0,
-                 settle_grace: float = 60.0, retry_delay: float = 0.2, max_retry_delay: float = 5.0) -> None:
+                 settle_grace: float = 60.0, retry_delay: float = 0.2, max_retry_delay: float = 5.0,
+                 confirm_interval: float = 30.0) -> None:
         self.state = state
         self.pods = pods
         self.api = api
@@ -114,7 +117,8 @@ class Binder:
         self.metrics = metrics
         self.index_poll = index_poll
         self.index_wait = index_wait
-        self.settle_grace = settle_grace
+        self.settle_grace = settle_grace  # then a pod the watch has not shown bound yet is read
+        self.confirm_interval = confirm_interval
         self.retry_delay = retry_delay
         self.max_retry_delay = max_retry_delay
         self._running: dict[str, tuple[str, asyncio.Task[str]]] = {}  # pod uid -> (node, bind)
@@ -207,8 +211,8 @@ class Binder:
         try:
             seen, error = await self._commit(pod, ns, name, uid, node, annotations)
         except Exception:
-            # Nothing about the API answer is known here: keep the reservation, let the grace timer drop it.
-            self._spawn(self._settle(reservation))
+            # Nothing about the API answer is known here: keep the reservation until a read settles it.
+            self._spawn(self._settle(reservation, ns, name))
             raise
         if seen is not _Seen.OURS:
             self.state.release(reservation)
@@ -219,7 +223,7 @@ class Binder:
                                                                            reservation.request))
         log.info("bound", extra={"pod": f"{ns}/{name}", "node": node, "gpus": annotations[GPU_IDS],
                                  "index": index})
-        self._spawn(self._settle(reservation))
+        self._spawn(self._settle(reservation, ns, name))
         if index is not None and not index_now:
             self._spawn(self._set_index_later(ns, name, uid, node, index))
         return ""
@@ -282,9 +286,9 @@ class Binder:
             return _Seen.EARLIER, ""
         return _Seen.UNBOUND, f"pod {ns}/{name} is already bound to node {node} without {GPU_IDS}"
 
-    async def _settle(self, reservation: ReservationLike) -> None:
-        await asyncio.sleep(self.settle_grace)
-        self.state.release(reservation)
+    async def _settle(self, reservation: ReservationLike, ns: str, name: str) -> None:
+        await hold_until_confirmed(self.state, self.api, reservation, ns, name,
+                                   first_check=self.settle_grace, interval=self.confirm_interval)
 
     async def _set_index_later(self, ns: str, name: str, uid: str, node: str, index: int) -> None:
         loop = asyncio.get_running_loop()

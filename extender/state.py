@@ -303,6 +303,12 @@ class ClusterState:
 
     def _apply_pod(self, obj: dict[str, Any], deleted: bool) -> None:
         uid = pod_uid(obj)
+        unbound = not (obj.get("spec") or {}).get("nodeName")
+        finished = str((obj.get("status") or {}).get("phase") or "") in TERMINAL_PHASES
+        if not deleted and unbound and not finished and self._ledger.bound(uid) is not None:
+            # A pod never leaves its node: an unbound copy of a pod counted as bound is older news (a watch
+            # catching up after a read confirmed the bind), not a change.
+            return
         old = self._pods.pop(uid, None)
         if old is not None and old.node is not None:
             self._pods_by_node.get(old.node, set()).discard(uid)
