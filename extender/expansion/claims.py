@@ -118,8 +118,9 @@ def _requirement(key: str, admitted: ValueSet) -> dict[str, Any] | None:
 
 
 def narrow_requirements(requirements: Sequence[Mapping[str, Any]], pod: Mapping[str, Any],
-                        instance_type: str, nodepool: str) -> list[dict[str, Any]]:
-    """The NodePool's requirements with the instance type pinned and zone/region narrowed by the pod.
+                        instance_type: str | None, nodepool: str) -> list[dict[str, Any]]:
+    """The NodePool's requirements with the instance type pinned (None: the NodePool's own instance-type
+    requirement stays) and zone/region narrowed by the pod.
 
     A key the pod does not constrain keeps the NodePool's requirements as they are.
     """
@@ -131,7 +132,7 @@ def narrow_requirements(requirements: Sequence[Mapping[str, Any]], pod: Mapping[
             narrowed[key] = wanted
     for requirement in requirements:
         current = str(requirement.get("key"))
-        if current in (INSTANCE_TYPE, NODEPOOL_LABEL):
+        if current == NODEPOOL_LABEL or (current == INSTANCE_TYPE and instance_type is not None):
             continue
         if current in narrowed:
             admitted = _expression_set(requirement)
@@ -145,7 +146,8 @@ def narrow_requirements(requirements: Sequence[Mapping[str, Any]], pod: Mapping[
         rendered = _requirement(key, admitted)
         if rendered is not None:
             out.append(rendered)
-    out.append({"key": INSTANCE_TYPE, "operator": "In", "values": [instance_type]})
+    if instance_type is not None:
+        out.append({"key": INSTANCE_TYPE, "operator": "In", "values": [instance_type]})
     out.append({"key": NODEPOOL_LABEL, "operator": "In", "values": [nodepool]})
     return out
 
@@ -158,17 +160,30 @@ def build_nodeclaim(nodepool: Mapping[str, Any], template_claim: Mapping[str, An
                     template_node: Mapping[str, Any], pod: Mapping[str, Any],
                     expansion_id: str) -> dict[str, Any]:
     """A new ``karpenter.sh/v1`` NodeClaim in ``nodepool`` shaped like ``template_node`` for ``pod``."""
-    pool_name = str(_metadata(nodepool).get("name") or "")
-    if not pool_name:
-        raise ClaimError("the NodePool has no name")
     node_name = str(_metadata(template_node).get("name") or "")
     instance_type = (_metadata(template_node).get("labels") or {}).get(INSTANCE_TYPE)
     if not instance_type:
         raise ClaimError(f"template node {node_name} has no {INSTANCE_TYPE} label")
+    return _claim(nodepool, template_claim.get("spec") or {}, str(_metadata(template_claim).get("name")),
+                  pod, str(instance_type), expansion_id, {TEMPLATE_NODE_ANNOTATION: node_name})
+
+
+def build_nodeclaim_from_nodepool(nodepool: Mapping[str, Any], pod: Mapping[str, Any],
+                                  instance_type: str | None, expansion_id: str) -> dict[str, Any]:
+    """A new NodeClaim made from the NodePool's template alone (no node of the pool exists yet), with the
+    instance type pinned when one is given."""
+    return _claim(nodepool, {}, "", pod, instance_type, expansion_id, {})
+
+
+def _claim(nodepool: Mapping[str, Any], claim_spec: Mapping[str, Any], claim_name: str,
+           pod: Mapping[str, Any], instance_type: str | None, expansion_id: str,
+           extra_annotations: Mapping[str, str]) -> dict[str, Any]:
+    pool_name = str(_metadata(nodepool).get("name") or "")
+    if not pool_name:
+        raise ClaimError("the NodePool has no name")
     template = (nodepool.get("spec") or {}).get("template") or {}
     template_meta = template.get("metadata") or {}
     template_spec = template.get("spec") or {}
-    claim_spec = template_claim.get("spec") or {}
 
     spec: dict[str, Any] = {}
     for field in _FROM_TEMPLATE_CLAIM:
@@ -178,10 +193,10 @@ def build_nodeclaim(nodepool: Mapping[str, Any], template_claim: Mapping[str, An
         if value is not None:
             spec[field] = copy.deepcopy(value)
     if not spec.get("nodeClassRef"):
-        raise ClaimError(f"neither NodeClaim {_metadata(template_claim).get('name')} nor NodePool "
-                         f"{pool_name} names a nodeClassRef")
+        source = f"neither NodeClaim {claim_name} nor NodePool" if claim_name else "NodePool"
+        raise ClaimError(f"{source} {pool_name} names a nodeClassRef")
     spec["requirements"] = narrow_requirements(
-        template_spec.get("requirements") or [], pod, str(instance_type), pool_name)
+        template_spec.get("requirements") or [], pod, instance_type, pool_name)
 
     pod_meta = _metadata(pod)
     labels = {str(k): str(v) for k, v in (template_meta.get("labels") or {}).items()}
@@ -194,7 +209,7 @@ def build_nodeclaim(nodepool: Mapping[str, Any], template_claim: Mapping[str, An
     annotations.update({k: str(pool_annotations[k])
                         for k in NODEPOOL_HASH_ANNOTATIONS if k in pool_annotations})
     annotations[EXPANSION_POD_ANNOTATION] = f"{pod_meta.get('namespace', '')}/{pod_meta.get('name', '')}"
-    annotations[TEMPLATE_NODE_ANNOTATION] = node_name
+    annotations.update(extra_annotations)
     annotations.pop(DO_NOT_DISRUPT, None)
 
     metadata: dict[str, Any] = {"generateName": f"{pool_name}-tf-", "labels": labels,

@@ -12,12 +12,14 @@ DEFAULT_MAX_IN_FLIGHT = 15
 DEFAULT_CLAIM_TIMEOUT_SECONDS = 900.0
 DEFAULT_LEASE_NAME = "tensor-fusion-expander"
 DEFAULT_NAMESPACE = "tensor-fusion-system"
+DEFAULT_SCHEDULER_NAME = "tensor-fusion-scheduler"
 
 ENV_ENABLED = "TF_EXPANSION_ENABLED"
 ENV_DELAY = "TF_EXPANSION_DELAY_SECONDS"
 ENV_MAX_IN_FLIGHT = "TF_MAX_INFLIGHT_NODES"
 ENV_CLAIM_TIMEOUT = "TF_EXPANSION_CLAIM_TIMEOUT_SECONDS"
 ENV_NAMESPACE = "TF_EXPANSION_LEASE_NAMESPACE"
+ENV_SCHEDULER_NAME = "TF_EXPANSION_SCHEDULER_NAME"
 # The namespace a pod runs in, from the downward API; the lease defaults to it.
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
 
@@ -32,6 +34,7 @@ class ExpansionConfig:
     lease_name: str = DEFAULT_LEASE_NAME
     lease_duration_seconds: float = 15.0
     lease_renew_seconds: float = 5.0
+    scheduler_name: str = DEFAULT_SCHEDULER_NAME
 
     def __post_init__(self) -> None:
         if self.delay_seconds < 0:
@@ -84,6 +87,12 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         help=f"namespace of the Lease {DEFAULT_LEASE_NAME} that keeps one active expander per cluster "
              f"(env {ENV_NAMESPACE}, else {ENV_POD_NAMESPACE})",
     )
+    group.add_argument(
+        "--expansion-scheduler-name", dest="expansion_scheduler_name", metavar="NAME",
+        default=env.get(ENV_SCHEDULER_NAME) or DEFAULT_SCHEDULER_NAME,
+        help="the scheduler profile whose Unschedulable pods with no candidate node at all may grow a GPU "
+             f"pool from zero (env {ENV_SCHEDULER_NAME})",
+    )
 
 
 def from_args(args: argparse.Namespace) -> ExpansionConfig:
@@ -93,4 +102,5 @@ def from_args(args: argparse.Namespace) -> ExpansionConfig:
         max_in_flight=int(args.max_inflight_nodes),
         claim_timeout_seconds=float(args.expansion_claim_timeout),
         lease_namespace=str(args.expansion_lease_namespace),
+        scheduler_name=str(getattr(args, "expansion_scheduler_name", DEFAULT_SCHEDULER_NAME)),
     )

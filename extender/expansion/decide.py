@@ -6,10 +6,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from extender.contract import GPURequest
-from extender.expansion.claims import NODEPOOL_LABEL, ClaimError, build_nodeclaim
+from extender.contract import POOL_LABEL_ON_GPU, GPURequest
+from extender.expansion.claims import (
+    NODEPOOL_LABEL,
+    ClaimError,
+    build_nodeclaim,
+    build_nodeclaim_from_nodepool,
+)
 from extender.expansion.fit import empty_copy_fits
 from extender.expansion.inflight import InFlight
+from extender.expansion.karpenter import NODEPOOL_ANNOTATION, nodepool_choice, pool_nodepools
 from extender.inventory import GPUDevice
 
 MAX_REASONS = 5
@@ -26,6 +32,10 @@ class ClusterView(Protocol):
 
     def nodepool(self, name: str) -> Mapping[str, Any] | None: ...
 
+    def all_nodepools(self) -> Sequence[Mapping[str, Any]]: ...
+
+    def gpupool(self, name: str) -> Mapping[str, Any] | None: ...
+
 
 @dataclass(frozen=True)
 class Skip:
@@ -36,9 +46,10 @@ class Skip:
 
 @dataclass(frozen=True)
 class WaitForClaim:
-    """A claim already in flight has room for the pod."""
+    """A claim already in flight has room for the pod (``karpenter``: one Karpenter made itself)."""
 
     claim: str
+    karpenter: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,7 +73,7 @@ class WaitForSlot:
 class Create:
     body: dict[str, Any]
     nodepool: str
-    template_node: str
+    template_node: str  # "" for a claim made from the NodePool alone (scale from zero)
     devices: tuple[GPUDevice, ...]
 
 
@@ -123,39 +134,87 @@ def _template_problem(name: str, request: GPURequest, view: ClusterView,
 
 
 def decide(pod: Mapping[str, Any] | None, uid: str, request: GPURequest, candidates: Sequence[str],
-           view: ClusterView, inflight: InFlight, expansion_id: str) -> Decision:
+           view: ClusterView, inflight: InFlight, expansion_id: str,
+           nominated: Sequence[str] = ()) -> Decision:
+    """``nominated``: the NodeClaims Karpenter's Nominated events on the pod name, newest first."""
     reason = skip_reason(pod, uid)
     if reason is not None or pod is None:
         return Skip(reason or "deleted")
     waiting_on = inflight.waiting_on(uid)
     if waiting_on is not None:
-        return WaitForClaim(waiting_on)
-    claim = inflight.fits_in_flight(pod, request)
-    if claim is not None:
-        return WaitForClaim(claim)
+        return WaitForClaim(waiting_on, _is_external(inflight, waiting_on))
+    for name in nominated:
+        claim = inflight.get(name)
+        if claim is not None and claim.external and (not claim.gpus_known
+                                                     or claim.fits(pod, request) is not None):
+            return WaitForClaim(name, karpenter=True)
+    found = inflight.fits_in_flight(pod, request)
+    if found is not None:
+        return WaitForClaim(found, _is_external(inflight, found))
 
     gpu_nodes = [(name, view.node_gpus(name)) for name in sorted(set(candidates))]
-    gpu_nodes = [(name, devices) for name, devices in gpu_nodes if devices]
+    gpu_nodes = [(name, devices) for name, devices in gpu_nodes
+                 if any(d.pool == request.pool for d in devices)]
     if not gpu_nodes:
-        return LeaveToKarpenter(
-            f"none of the {len(candidates)} candidate nodes has GPUs, so no node can serve as a template; "
-            "Karpenter provisions for this pod on its own")
+        return _from_nodepool(pod, request, candidates, view, inflight, expansion_id)
     problems: list[str] = []
     for name, devices in gpu_nodes:
-        found = _template_problem(name, request, view, devices)
-        if isinstance(found, str):
-            problems.append(found)
+        found_template = _template_problem(name, request, view, devices)
+        if isinstance(found_template, str):
+            problems.append(found_template)
             continue
-        node, nodepool, template_claim = found
+        node, nodepool, template_claim = found_template
         try:
             body = build_nodeclaim(nodepool, template_claim, node, pod, expansion_id)
         except ClaimError as exc:
             problems.append(f"{name}: {exc}")
             continue
         if inflight.full:
-            return WaitForSlot(len(inflight))
+            return WaitForSlot(inflight.own)
         pool_name = str((nodepool.get("metadata") or {}).get("name"))
         return Create(body, pool_name, name, tuple(devices))
+    return NoTemplate(f"no candidate GPU node can be copied for a new NodeClaim: {_shown(problems)}")
+
+
+def _is_external(inflight: InFlight, name: str) -> bool:
+    claim = inflight.get(name)
+    return claim is not None and claim.external
+
+
+def _shown(problems: Sequence[str]) -> str:
     shown = "; ".join(problems[:MAX_REASONS])
     more = f"; and {len(problems) - MAX_REASONS} more" if len(problems) > MAX_REASONS else ""
-    return NoTemplate(f"no candidate GPU node can be copied for a new NodeClaim: {shown}{more}")
+    return shown + more
+
+
+def _from_nodepool(pod: Mapping[str, Any], request: GPURequest, candidates: Sequence[str],
+                   view: ClusterView, inflight: InFlight, expansion_id: str) -> Decision:
+    """Scale from zero: no candidate has GPUs of the pod's pool, so the claim comes from the pool's
+    NodePool (GPUPool annotation, else template label ``tensor-fusion.ai/gpupool``)."""
+    gpupool = view.gpupool(request.pool)
+    nodepools = pool_nodepools(gpupool, request.pool, view.all_nodepools())
+    if not nodepools:
+        return LeaveToKarpenter(
+            f"none of the {len(candidates)} candidate nodes has GPUs of pool {request.pool} and no NodePool "
+            f"is configured for it (GPUPool annotation {NODEPOOL_ANNOTATION}, or a NodePool whose template "
+            f"labels carry {POOL_LABEL_ON_GPU}: {request.pool}), so the expander cannot grow it from zero")
+    problems: list[str] = []
+    for nodepool in nodepools:
+        choice = nodepool_choice(gpupool, request.pool, nodepool)
+        if isinstance(choice, str):
+            problems.append(choice)
+            continue
+        name = str((nodepool.get("metadata") or {}).get("name"))
+        if not empty_copy_fits(choice.devices, request):
+            problems.append(f"NodePool {name}: even an empty node would not fit {request.describe()}")
+            continue
+        try:
+            body = build_nodeclaim_from_nodepool(nodepool, pod, choice.instance_type, expansion_id)
+        except ClaimError as exc:
+            problems.append(f"NodePool {name}: {exc}")
+            continue
+        if inflight.full:
+            return WaitForSlot(inflight.own)
+        return Create(body, name, "", choice.devices)
+    return NoTemplate(f"pool {request.pool} has no GPU node yet and none of its NodePools can make one: "
+                      f"{_shown(problems)}")

@@ -69,3 +69,15 @@ class CapacityFailureLog:
     def forget(self, uid: str) -> None:
         """Let the pod be flagged again (it was placed, went away, or its claim left without it)."""
         self._seen.pop(uid, None)
+
+
+def unschedulable(pod: Mapping[str, Any], scheduler_name: str) -> bool:
+    """A pending pod of the scheduler profile that the scheduler marked Unschedulable."""
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    if spec.get("schedulerName") != scheduler_name or spec.get("nodeName") or status.get("nominatedNodeName"):
+        return False
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False"
+               and c.get("reason") == "Unschedulable" for c in status.get("conditions") or [])

@@ -69,6 +69,11 @@ class InFlightClaim:
     seen: bool = False
     node_name: str = ""
     provider_id: str = ""
+    external: bool = False  # Karpenter's own claim, not created by the expander
+
+    @property
+    def gpus_known(self) -> bool:
+        return bool(self.gpus)
 
     def fits(self, pod: Mapping[str, Any], request: GPURequest) -> list[int] | None:
         if not pod_accepts_claim(pod, self.body):
@@ -99,14 +104,21 @@ class InFlight:
         return name in self._claims
 
     @property
+    def own(self) -> int:
+        """Claims the expander created (Karpenter's own do not count against ``max_in_flight``)."""
+        return sum(1 for claim in self._claims.values() if not claim.external)
+
+    @property
     def full(self) -> bool:
-        return len(self._claims) >= self.max_in_flight
+        return self.own >= self.max_in_flight
 
     def get(self, name: str) -> InFlightClaim | None:
         return self._claims.get(name)
 
-    def add(self, name: str, body: Mapping[str, Any], devices: list[GPUDevice], now: float) -> InFlightClaim:
-        claim = InFlightClaim(name=name, body=body, created_at=now, gpus=empty_copy(devices))
+    def add(self, name: str, body: Mapping[str, Any], devices: list[GPUDevice], now: float,
+            external: bool = False) -> InFlightClaim:
+        claim = InFlightClaim(name=name, body=body, created_at=now, gpus=empty_copy(devices),
+                              external=external)
         self._claims[name] = claim
         return claim
 
@@ -130,6 +142,9 @@ class InFlight:
             return False
         ref = PodRef.of(pod)
         if ref.uid in claim.pods:
+            return True
+        if not claim.gpus_known:  # a Karpenter claim of unknown shape: it holds the pods nominated to it
+            claim.pods[ref.uid] = ref
             return True
         positions = claim.fits(pod, request)
         if positions is None:
@@ -168,7 +183,7 @@ class InFlight:
             status = obj.get("status") or {}
             claim.node_name = str(status.get("nodeName") or "")
             claim.provider_id = str(status.get("providerID") or "")
-            if _condition_true(obj, "Ready"):
+            if _condition_true(obj, "Ready") or _condition_true(obj, "Initialized"):
                 return LeaveReason.READY
             if (claim.node_name or claim.provider_id) and node_arrived(claim.node_name, claim.provider_id):
                 return LeaveReason.REGISTERED

@@ -13,7 +13,8 @@ from typing import Any
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
-from extender.expansion.config import ExpansionConfig
+from extender.contract import COMPONENT_LABEL, COMPONENT_WORKER
+from extender.expansion.config import DEFAULT_SCHEDULER_NAME, ExpansionConfig
 from extender.expansion.fit import device_of
 from extender.expansion.lease import LeaseKeeper
 from extender.expansion.metrics import ExpansionMetrics
@@ -23,6 +24,7 @@ from extender.kube.client import api_call, error_status, request_json
 from extender.kube.events import EventRecorder
 from extender.kube.informer import DELETED, WatchCache
 from extender.kube.resources import (
+    EVENTS,
     GPU_POOLS,
     NODECLAIMS,
     NODEPOOLS,
@@ -39,7 +41,8 @@ NodeGPUs = Callable[[str], Sequence[GPUView | GPUDevice]]
 
 class KubeExpansionPort:
     def __init__(self, api_client: client.ApiClient, node_gpus: NodeGPUs, recorder: EventRecorder,
-                 on_change: Callable[[], None] | None = None) -> None:
+                 on_change: Callable[[], None] | None = None,
+                 scheduler_name: str = DEFAULT_SCHEDULER_NAME) -> None:
         self.api_client = api_client
         self._node_gpus = node_gpus
         self._recorder = recorder
@@ -49,14 +52,23 @@ class KubeExpansionPort:
         self.nodepools = WatchCache(api_client, NODEPOOLS, optional=True)
         self.nodes = WatchCache(api_client, NODES, on_change=self._node_changed)
         self.gpupools = WatchCache(api_client, GPU_POOLS, optional=True)
+        self._on_pod: Callable[[dict[str, Any]], None] | None = None
+        # Pending GPU pods of the scheduler profile: those the scheduler never sent to the extender.
+        self.pending_pods = WatchCache(
+            api_client, PODS, label_selector=f"{COMPONENT_LABEL}={COMPONENT_WORKER}",
+            field_selector=f"spec.nodeName=,spec.schedulerName={scheduler_name}",
+            on_change=self._pod_changed, name="pending-gpu-pods")
         self._tasks: list[asyncio.Task[None]] = []
 
     def set_on_change(self, on_change: Callable[[], None]) -> None:
         self._on_change = on_change
 
+    def set_on_pod(self, on_pod: Callable[[dict[str, Any]], None]) -> None:
+        self._on_pod = on_pod
+
     @property
     def caches(self) -> tuple[WatchCache, ...]:
-        return (self.claims, self.nodepools, self.nodes, self.gpupools)
+        return (self.claims, self.nodepools, self.nodes, self.gpupools, self.pending_pods)
 
     async def start(self, sync_timeout: float = 60.0) -> None:
         if not self._tasks:
@@ -89,6 +101,12 @@ class KubeExpansionPort:
     def nodepool(self, name: str) -> Mapping[str, Any] | None:
         return self.nodepools.get(name)
 
+    def all_nodepools(self) -> Sequence[Mapping[str, Any]]:
+        return self.nodepools.list()
+
+    def all_nodes(self) -> Sequence[Mapping[str, Any]]:
+        return self.nodes.list()
+
     def gpupool(self, name: str) -> Mapping[str, Any] | None:
         return self.gpupools.get(name)
 
@@ -113,6 +131,12 @@ class KubeExpansionPort:
             raise
         return pod
 
+    async def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]:
+        """The events on one pod (core/v1), e.g. Karpenter's Nominated."""
+        answer = await api_call(request_json, self.api_client, "GET", collection_path(EVENTS, namespace),
+                                query={"fieldSelector": f"involvedObject.uid={uid}"})
+        return list((answer or {}).get("items") or [])
+
     async def create_nodeclaim(self, body: dict[str, Any]) -> dict[str, Any]:
         created: dict[str, Any] = await api_call(request_json, self.api_client, "POST",
                                                  collection_path(NODECLAIMS), body=body)
@@ -123,6 +147,10 @@ class KubeExpansionPort:
     def _changed(self, event_type: str, obj: dict[str, Any]) -> None:
         if self._on_change is not None:
             self._on_change()
+
+    def _pod_changed(self, event_type: str, obj: dict[str, Any]) -> None:
+        if event_type != DELETED and self._on_pod is not None:
+            self._on_pod(obj)
 
     def _node_changed(self, event_type: str, obj: dict[str, Any]) -> None:
         provider_id = str((obj.get("spec") or {}).get("providerID") or "")
@@ -138,7 +166,7 @@ def kube_expander(config: ExpansionConfig, api_client: client.ApiClient, state: 
                   recorder: EventRecorder, registry: CollectorRegistry | None = None,
                   identity: str | None = None) -> Expander:
     """The expander wired to the API server: its own caches, the shared inventory and recorder, the Lease."""
-    port = KubeExpansionPort(api_client, state.node_gpus, recorder)
+    port = KubeExpansionPort(api_client, state.node_gpus, recorder, scheduler_name=config.scheduler_name)
     leader = LeaseKeeper(
         api_client, config.lease_name, config.lease_namespace,
         identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
@@ -146,4 +174,5 @@ def kube_expander(config: ExpansionConfig, api_client: client.ApiClient, state: 
     expander = Expander(config, port, leader=leader, request_of=state.request_of,
                         metrics=ExpansionMetrics(registry))
     port.set_on_change(expander.wake)
+    port.set_on_pod(expander.pod_changed)
     return expander

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from extender.contract import GPURequest, parse_request
-from extender.expansion.claims import EXPANSION_LABEL, INSTANCE_TYPE, TEMPLATE_NODE_ANNOTATION
+from extender.expansion.claims import EXPANSION_LABEL, INSTANCE_TYPE, NODEPOOL_LABEL, TEMPLATE_NODE_ANNOTATION
 from extender.expansion.config import ExpansionConfig
 from extender.expansion.decide import (
     ClusterView,
@@ -35,8 +35,19 @@ from extender.expansion.detect import (
     FilterResult,
     expands_pool,
     is_capacity_only,
+    unschedulable,
 )
 from extender.expansion.inflight import Departure, InFlight, LeaveReason, PodRef
+from extender.expansion.karpenter import (
+    claim_devices,
+    consolidation_policy,
+    consolidation_warning,
+    is_gpu_nodepool,
+    is_ours,
+    nominated_claims,
+    pool_nodepools,
+    still_coming,
+)
 from extender.expansion.metrics import ExpansionMetrics
 from extender.expansion.placeholders import Placeholders
 from extender.expansion.provisioner import Provisioner
@@ -46,7 +57,9 @@ log = logging.getLogger(__name__)
 
 REASON_WAITING = "NodeExpansionWaiting"
 REASON_SKIPPED = "NodeExpansionSkipped"
+REASON_CONSOLIDATION = "GPUBlindConsolidation"
 TICK_SECONDS = 1.0
+NODEPOOL_CHECK_SECONDS = 30.0
 
 
 class ExpansionPort(ClusterView, Protocol):
@@ -58,9 +71,13 @@ class ExpansionPort(ClusterView, Protocol):
 
     def node_arrived(self, node_name: str, provider_id: str) -> bool: ...
 
+    def all_nodes(self) -> Sequence[Mapping[str, Any]]: ...
+
     def record(self, obj: Mapping[str, Any], reason: str, message: str, type_: str = "Normal") -> None: ...
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]: ...
 
     async def create_nodeclaim(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
@@ -124,6 +141,10 @@ class Expander:
         self._wake = asyncio.Event()
         # Placeholder pods for the Cluster Autoscaler (extender.expansion.placeholders); None: Karpenter only.
         self.placeholders: Placeholders | None = None
+        # Pods the filter has seen with at least one candidate node (so not "no candidate at all").
+        self.filtered = CapacityFailureLog()
+        self._warned_nodepools: dict[str, str] = {}
+        self._nodepools_checked_at: float | None = None
 
     # -- the filter's side: sync, cheap, never raises ----------------------------------------------
 
@@ -141,13 +162,36 @@ class Expander:
     def _notice(self, pod: dict[str, Any], outcome: FilterResult, candidate_nodes: list[str]) -> None:
         if not self.config.enabled:
             return
-        if not is_capacity_only(outcome, candidate_nodes):
-            if self.placeholders is not None and len(self.placeholders):
-                self.placeholders.not_capacity_only(PodRef.of(pod).uid)
-            return
         ref = PodRef.of(pod)
-        if ref.uid in self.flagged:
+        capacity_only = is_capacity_only(outcome, candidate_nodes)
+        if not capacity_only and self.placeholders is not None and len(self.placeholders):
+            self.placeholders.not_capacity_only(ref.uid)
+        if candidate_nodes:
+            self.filtered.first_time(ref.uid)
+        if ref.uid in self.flagged or outcome.error or getattr(outcome, "fits", None):
             return
+        if capacity_only:
+            self._flag(pod, ref, candidate_nodes,
+                       "no candidate node has {what} free in pool {pool}, but an empty node would fit it")
+        elif self._no_gpu_of_pool(pod, candidate_nodes):
+            self._flag(pod, ref, candidate_nodes,
+                       "no candidate node has GPUs of pool {pool} yet ({what} wanted)")
+
+    def _no_gpu_of_pool(self, pod: dict[str, Any], candidate_nodes: list[str]) -> bool:
+        """No candidate holds a GPU of the pod's pool, and the pool has NodePools to grow from."""
+        try:
+            request = self._request_of(pod)
+        except Exception:
+            return False
+        gpupool = self.port.gpupool(request.pool)
+        placeholders = self.placeholders
+        if placeholders is not None and placeholders.provisioner(gpupool) is Provisioner.CLUSTER_AUTOSCALER:
+            return False
+        if not pool_nodepools(gpupool, request.pool, self.port.all_nodepools()):
+            return False
+        return not any(d.pool == request.pool for name in candidate_nodes for d in self.port.node_gpus(name))
+
+    def _flag(self, pod: dict[str, Any], ref: PodRef, candidate_nodes: Sequence[str], why: str) -> None:
         try:
             request = self._request_of(pod)
         except Exception:  # a pod the contract rejects was never capacity-only
@@ -156,10 +200,24 @@ class Expander:
             return
         self.metrics.capacity_only_failures.labels(pool=request.pool).inc()
         self.port.record(pod, REASON_CHECK,
-                         f"no candidate node has {request.describe()} free in pool {request.pool}, but "
-                         f"an empty node would fit it: node expansion is considered in "
-                         f"{self.config.delay_seconds:g}s")
+                         why.format(what=request.describe(), pool=request.pool)
+                         + f": node expansion is considered in {self.config.delay_seconds:g}s")
         self._push(Queued(ref, request, tuple(candidate_nodes)), self._clock() + self.config.delay_seconds)
+
+    def pod_changed(self, pod: dict[str, Any]) -> None:
+        """A pending GPU pod of the scheduler profile changed. One the scheduler found Unschedulable without
+        ever asking the extender (no node passed its own filters) gets the scale-from-zero path."""
+        try:
+            if not self.config.enabled or not unschedulable(pod, self.config.scheduler_name):
+                return
+            ref = PodRef.of(pod)
+            if ref.uid in self.filtered or ref.uid in self.flagged:
+                return
+            if self._no_gpu_of_pool(pod, []):
+                self._flag(pod, ref, (), "no node passed the scheduler's own filters for this pod and pool "
+                                         "{pool} has no GPU node for it ({what} wanted)")
+        except Exception:
+            log.exception("expansion pod watch failed")
 
     def wake(self) -> None:
         """Something changed (a claim, a node): settle the in-flight set now rather than at the next tick."""
@@ -205,8 +263,10 @@ class Expander:
         """Settle the in-flight claims, then handle the queued pods that are due (while leader)."""
         now = self._clock()
         self._depart(self.inflight.settle(self.port.nodeclaim, self.port.node_arrived, now))
+        self.track_karpenter_claims()
         if not self.leader.is_leader:
             return
+        self._check_nodepools(now)
         while self._due and self._due[0][0] <= now:
             _, _, entry = heapq.heappop(self._due)
             try:
@@ -239,6 +299,53 @@ class Expander:
             template = str((meta.get("annotations") or {}).get(TEMPLATE_NODE_ANNOTATION) or "")
             self.inflight.add(name, claim, list(self.port.node_gpus(template)) if template else [], now)
 
+    def track_karpenter_claims(self) -> None:
+        """Karpenter's own claims whose node is not initialized yet count as in flight (one provisioner per
+        pod), with the GPUs their node will have when known (``karpenter.claim_devices``)."""
+        now = self._clock()
+        nodes: Sequence[Mapping[str, Any]] | None = None
+        for claim in self.port.nodeclaims():
+            name = str((claim.get("metadata") or {}).get("name") or "")
+            if not name or name in self.inflight or is_ours(claim) or not still_coming(claim):
+                continue
+            status = claim.get("status") or {}
+            if self.port.node_arrived(str(status.get("nodeName") or ""), str(status.get("providerID") or "")):
+                continue
+            if nodes is None:
+                nodes = self.port.all_nodes()
+            devices = claim_devices(claim, nodes, self.port.node_gpus)
+            self.inflight.add(name, claim, devices, now, external=True)
+            log.info("counting Karpenter's NodeClaim as in flight",
+                     extra={"claim": name, "gpus": len(devices)})
+
+    def _check_nodepools(self, now: float) -> None:
+        """A Warning event, once per NodePool and policy, on GPU NodePools consolidated GPU-blind."""
+        last = self._nodepools_checked_at
+        if last is not None and now - last < NODEPOOL_CHECK_SECONDS:
+            return
+        self._nodepools_checked_at = now
+        with_gpu_nodes = {str(((n.get("metadata") or {}).get("labels") or {}).get(NODEPOOL_LABEL))
+                          for n in self.port.all_nodes()
+                          if self.port.node_gpus(str((n.get("metadata") or {}).get("name") or ""))}
+        for nodepool in self.port.all_nodepools():
+            meta = nodepool.get("metadata") or {}
+            key = f"{meta.get('uid')}/{consolidation_policy(nodepool)}"
+            name = str(meta.get("name") or "")
+            if self._warned_nodepools.get(name) == key or not is_gpu_nodepool(nodepool, with_gpu_nodes):
+                continue
+            self._warned_nodepools[name] = key
+            warning = consolidation_warning(nodepool)
+            if warning is not None:
+                self.port.record(nodepool, REASON_CONSOLIDATION, warning, "Warning")
+                log.warning("GPU NodePool consolidates GPU-blind", extra={"nodepool": name})
+
+    async def _nominated(self, ref: PodRef) -> list[str]:
+        try:
+            return nominated_claims(await self.port.pod_events(ref.namespace, ref.uid))
+        except Exception as exc:  # without them only the claims' GPUs tell
+            log.warning("cannot read the pod's events", extra={"pod": str(ref), "error": repr(exc)})
+            return []
+
     async def _process(self, entry: Queued) -> None:
         ref, request = entry.pod, entry.request
         pod = await self.port.read_pod(ref.namespace, ref.name)
@@ -248,14 +355,18 @@ class Expander:
         if pod is not None and self.placeholders is not None and to_autoscaler:
             await self.placeholders.provide(pod, request, entry.candidates)
             return
-        decision = decide(pod, ref.uid, request, entry.candidates, self.port, self.inflight, self._new_id())
+        self.track_karpenter_claims()
+        nominated = await self._nominated(ref) if pod is not None else []
+        decision = decide(pod, ref.uid, request, entry.candidates, self.port, self.inflight, self._new_id(),
+                          nominated)
         if isinstance(decision, Skip) or pod is None:
             log.info("expansion skipped", extra={"pod": str(ref), "reason": getattr(decision, "reason", "")})
             self.flagged.forget(ref.uid)
         elif isinstance(decision, WaitForClaim):
             self.inflight.assign(decision.claim, pod, request)
+            whose = "Karpenter's NodeClaim" if decision.karpenter else "NodeClaim"
             self.port.record(pod, REASON_WAITING,
-                             f"NodeClaim {decision.claim}, already on its way, has room for this pod: "
+                             f"{whose} {decision.claim}, already on its way, has room for this pod: "
                              "no new node is created")
         elif isinstance(decision, WaitForSlot):
             self._slot_waiters[ref.uid] = entry
@@ -286,10 +397,12 @@ class Expander:
         self.inflight.add(name, created, list(decision.devices), self._clock())
         self.inflight.assign(name, pod, entry.request)
         self.metrics.nodeclaims_created.labels(nodepool=decision.nodepool).inc()
-        instance_type = _requirement_value(decision.body, INSTANCE_TYPE)
+        instance_type = _requirement_value(decision.body, INSTANCE_TYPE) or "instance type left to Karpenter"
+        source = (f"a copy of node {decision.template_node}" if decision.template_node
+                  else f"from the NodePool's template: pool {entry.request.pool} has no GPU node for it yet")
         self.port.record(pod, REASON_COMPLETED,
                          f"created NodeClaim {name} in NodePool {decision.nodepool} ({instance_type}, "
-                         f"a copy of node {decision.template_node}) for this pod")
+                         f"{source}) for this pod")
 
     def _depart(self, departures: Sequence[Departure]) -> None:
         for departure in departures:

@@ -37,6 +37,7 @@ class FakePort:
         self.events: list[tuple[str, str, str]] = []
         self.created: list[dict[str, Any]] = []
         self.fail_create: Exception | None = None
+        self.pod_event_list: list[dict[str, Any]] = []
 
     # cluster view
     def node(self, name: str) -> Mapping[str, Any] | None:
@@ -59,6 +60,15 @@ class FakePort:
 
     def node_arrived(self, node_name: str, provider_id: str) -> bool:
         return node_name in self.nodes and bool(self.gpus.get(node_name))
+
+    def all_nodes(self) -> Sequence[Mapping[str, Any]]:
+        return list(self.nodes.values())
+
+    def all_nodepools(self) -> Sequence[Mapping[str, Any]]:
+        return list(self.nodepools.values())
+
+    async def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]:
+        return [e for e in self.pod_event_list if e["involvedObject"]["uid"] == uid]
 
     def record(self, obj: Mapping[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
         self.events.append((obj["metadata"]["name"], reason, message))
@@ -94,7 +104,8 @@ class FakePort:
         self.gpus[node] = [gpu(f"{node}-g0", node)]
         self.nodepools["gpu"] = {"metadata": {"name": "gpu", "uid": "u"}, "spec": {"template": {
             "metadata": {"annotations": {DO_NOT_DISRUPT: "true"}},
-            "spec": {"requirements": [{"key": INSTANCE_TYPE, "operator": "Exists"}]}}}}
+            "spec": {"requirements": [{"key": INSTANCE_TYPE, "operator": "Exists"}]}},
+            "disruption": {"consolidationPolicy": "WhenEmpty"}}}
 
     def add_pod(self, name: str, vram: str = "60Gi", **spec: Any) -> dict[str, Any]:
         pod = {"apiVersion": "v1", "kind": "Pod",
@@ -252,7 +263,7 @@ async def test_candidates_without_gpus_are_left_to_karpenter(port: FakePort) -> 
     expander.notice(port.add_pod("p"), CAPACITY_ONLY, ["cpu-1", "cpu-2"])
     await later(expander, clock, 10)
     assert port.created == []
-    assert "Karpenter provisions" in port.messages("p", REASON_SKIPPED)[0]
+    assert "no NodePool is configured for it" in port.messages("p", REASON_SKIPPED)[0]
 
 
 async def test_max_in_flight_makes_pods_wait_for_a_slot(port: FakePort) -> None:
