@@ -12,6 +12,7 @@ from extender.expansion.claims import (
     ClaimError,
     build_nodeclaim,
     build_nodeclaim_from_nodepool,
+    pod_accepts_claim,
 )
 from extender.expansion.fit import empty_copy_fits
 from extender.expansion.inflight import InFlight
@@ -212,6 +213,9 @@ def _from_nodepool(pod: Mapping[str, Any], request: GPURequest, candidates: Sequ
             body = build_nodeclaim_from_nodepool(nodepool, pod, choice.instance_type, expansion_id)
         except ClaimError as exc:
             problems.append(f"NodePool {name}: {exc}")
+            continue
+        if not pod_accepts_claim(pod, body):
+            problems.append(f"NodePool {name}: the pod's node selector or affinity excludes its nodes")
             continue
         if inflight.full:
             return WaitForSlot(inflight.own)

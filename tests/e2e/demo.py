@@ -1,11 +1,12 @@
 """``make demo``: the whole product on a local control plane, with a small GPU cluster and sample pods.
 
-It starts etcd, kube-apiserver, kube-controller-manager, kwok (playing kubelet), tf-webhook, tf-extender and
-kube-scheduler with the
-project's own configuration, creates three pools (one per placement mode) over nodes with GPUs of three
-models, submits sample pods through the API server one by one, and prints where each landed and how full
-each node is. ``--once`` checks every placement against the expected one and exits (0 when all match);
-without it the cluster keeps running until Ctrl-C, with a kubeconfig to explore it.
+It starts etcd, kube-apiserver, kube-controller-manager, kwok (playing kubelet), tf-webhook, tf-extender,
+kube-scheduler with the project's own configuration and the real Karpenter (KWOK provider), creates three
+pools (one per placement mode) over nodes with GPUs of three models, submits sample pods through the API
+server one by one, then grows a fourth pool with no GPU node from zero through Karpenter, and prints where
+each landed and how full each node is. ``--once`` checks every placement against the expected one and
+exits (0 when all match); without it the cluster keeps running until Ctrl-C, with a kubeconfig to explore
+it.
 
 The expected placements follow DESIGN §5: load = 0.7 x VRAM used % + 0.3 x TFLOPS used %, ties by name.
 """
@@ -26,6 +27,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from tests.e2e import controlplane as cpl
+from tests.e2e.karpenter import Karpenter, start_karpenter
 
 NAMESPACE = "demo"
 
@@ -88,6 +90,20 @@ SAMPLES = (
 )
 BAD_SAMPLE = _ann(gpupool="training", tflops_request="lots", vram_request="8Gi")
 
+# Scale-up with the real Karpenter (KWOK provider): pool "burst" has no GPU node at first, only a NodePool
+# whose template carries the pool and GPU discovery labels. Expected node "new:<n>": the n-th node Karpenter
+# launches for the pool (a NodeClaim the expander created).
+BURST_POOL = "burst"
+BURST_NODEPOOL = "burst-a100"
+BURST_SAMPLES = (
+    Sample("burst-1", _ann(gpupool=BURST_POOL, tflops_request="100", vram_request="50Gi"),
+           "new:1", (), "no GPU node in pool burst: grown from zero out of its NodePool"),
+    Sample("burst-2", _ann(gpupool=BURST_POOL, tflops_request="100", vram_request="20Gi"),
+           "new:1", (), "fits beside burst-1 on the first new node"),
+    Sample("burst-3", _ann(gpupool=BURST_POOL, tflops_request="100", vram_request="50Gi"),
+           "new:2", (), "fits no GPU: a copy of the first new node"),
+)
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make demo", description=__doc__,
@@ -99,10 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tf-demo-"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        cp = start_everything(workdir)
+        cp, karpenter = start_everything(workdir)
         api = cp.api_client()
         create_cluster(api)
         results = submit_samples(api)
+        results += scale_up(cp, api, karpenter)
         print_report(api, results)
         ok = all(r.matches for r in results)
         print(f"\n{'every sample pod was placed as expected' if ok else 'SOME PLACEMENTS DIFFER'}"
@@ -119,8 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         cpl.PROCESSES.stop_all()
 
 
-def start_everything(workdir: Path) -> cpl.ControlPlane:
-    step("building or reusing etcd, kube-apiserver, kube-scheduler, kube-controller-manager and kwok")
+def start_everything(workdir: Path) -> tuple[cpl.ControlPlane, Karpenter]:
+    step("building or reusing etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok and "
+         "Karpenter")
     binaries = cpl.build_binaries()
     step("starting etcd and kube-apiserver")
     cp = cpl.ControlPlane(workdir, binaries)
@@ -138,7 +156,9 @@ def start_everything(workdir: Path) -> cpl.ControlPlane:
     cpl.ExtenderRunner(cp, port).ensure(log_level="info")
     step("starting kube-scheduler with manifests/scheduler/kube-scheduler-config.yaml")
     cpl.start_scheduler(cp, binaries["kube-scheduler"], f"http://127.0.0.1:{port}/scheduler")
-    return cp
+    step("starting Karpenter (KWOK provider, GPU instance types) with its CRDs")
+    karpenter = start_karpenter(cp, api, binaries)
+    return cp, karpenter
 
 
 def create_cluster(api: Any) -> None:
@@ -171,10 +191,34 @@ class Result:
     node: str | None
     gpus: tuple[str, ...]
     message: str
+    new_node: str | None = None  # "new:<n>" for a node Karpenter launched during the demo
 
     @property
     def matches(self) -> bool:
+        if self.new_node is not None:
+            return self.new_node == self.sample.node
         return self.node == self.sample.node and sorted(self.gpus) == sorted(self.sample.gpus)
+
+
+def scale_up(cp: cpl.ControlPlane, api: Any, karpenter: Karpenter) -> list[Result]:
+    step(f"scale-up: pool {BURST_POOL} has no GPU node, only Karpenter NodePool {BURST_NODEPOOL}")
+    cpl.create_cluster_object(api, "gpupools", {"apiVersion": "tensor-fusion.ai/v1", "kind": "GPUPool",
+                                                "metadata": {"name": BURST_POOL}, "spec": {}})
+    cpl.wait_for_webhook_pool(api, BURST_POOL)
+    karpenter.nodepool(BURST_POOL, name=BURST_NODEPOOL, instance_type="gpu-a100-1")
+    core = client.CoreV1Api(api)
+    order: list[str] = []  # Karpenter's nodes in the order they appeared
+    results = []
+    for sample in BURST_SAMPLES:
+        core.create_namespaced_pod(NAMESPACE, cpl.gpu_pod_body(sample.name, annotations=sample.annotations))
+        node, gpus = cpl.placement(api, NAMESPACE, sample.name, timeout=180)
+        if node not in order:
+            order.append(node)
+        results.append(Result(sample, node, tuple(gpus), "", new_node=f"new:{order.index(node) + 1}"))
+    claims = karpenter.claims(BURST_NODEPOOL)
+    print(f"\nKarpenter launched {len(claims)} NodeClaims in NodePool {BURST_NODEPOOL}, all created by the "
+          f"expander: {', '.join(c['metadata']['name'] for c in claims)}")
+    return results
 
 
 def submit_samples(api: Any) -> list[Result]:
@@ -203,8 +247,9 @@ def submit_samples(api: Any) -> list[Result]:
 def print_report(api: Any, results: list[Result]) -> None:
     rows = [("pod", "node", "GPUs", "expected", "why")]
     for r in results:
-        got = f"{r.node} {','.join(r.gpus)}" if r.node else "Pending"
-        rows.append((r.sample.name, r.node or "Pending", ",".join(sorted(r.gpus)) or "-",
+        got = f"{r.new_node or r.node} {','.join(r.gpus)}" if r.node else "Pending"
+        node = f"{r.node} ({r.new_node})" if r.new_node else r.node or "Pending"
+        rows.append((r.sample.name, node, ",".join(sorted(r.gpus)) or "-",
                      "ok" if r.matches else f"MISMATCH (wanted {r.sample.node} {r.sample.gpus}, got {got})",
                      r.sample.why))
     print()
@@ -232,6 +277,8 @@ def node_utilisation(api: Any) -> list[tuple[str, ...]]:
             continue
         request = parse_request(annotations)
         for gpu in ids:
+            if gpu not in gpus:  # a Karpenter node's GPUs come from its discovery labels, not GPU objects
+                continue
             capacity = gpus[gpu]["capacity"]
             tflops = parse_quantity(capacity["tflops"]).value
             vram = int(parse_quantity(capacity["vram"]).value)

@@ -224,6 +224,7 @@ async def test_which_nodepool_and_instance_type_a_pool_grows_from(port: FakePort
     ("too small", {"nvidia.com/gpu.product": "NVIDIA-A10", "nvidia.com/gpu.memory": "24576"},
      "even an empty node would not fit"),
     ("another pool's nodes", {"tensor-fusion.ai/gpupool": "pool-b"}, "puts nodes in GPU pool pool-b"),
+    ("the pod selects other nodes", {"team": "b"}, "excludes its nodes"),
 ])
 async def test_a_nodepool_that_cannot_make_a_fitting_node_fails_with_the_reason(
         port: FakePort, case: str, labels: dict[str, Any], reason: str) -> None:
@@ -237,7 +238,7 @@ async def test_a_nodepool_that_cannot_make_a_fitting_node_fails_with_the_reason(
         else:
             template[key] = value
     expander, clock = make(port)
-    expander.notice(port.add_pod("p"), NO_GPU_OF_POOL, ["cpu-1"])
+    expander.notice(port.add_pod("p", nodeSelector={"team": "a"}), NO_GPU_OF_POOL, ["cpu-1"])
     await later(expander, clock, 10)
     assert port.created == [], case
     assert reason in port.messages("p", REASON_FAILED)[0], case
