@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.contract import POOL_LABEL_ON_GPU
-from extender.expansion.claims import EXPANSION_LABEL, INSTANCE_TYPE, NODEPOOL_LABEL
+from extender.expansion.claims import EXPANSION_LABEL, INSTANCE_TYPE, NODEPOOL_LABEL, pod_accepts_claim
 from extender.inventory import GPUDevice, gpus_from_node_labels, has_gfd_labels
 
 NOMINATED_REASON = "Nominated"
@@ -99,6 +99,19 @@ def claim_devices(claim: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]],
     return []
 
 
+UNREGISTERED_TAINT = "karpenter.sh/unregistered"
+
+
+def node_usable(node: Mapping[str, Any]) -> bool:
+    """A Node the scheduler can place pods on: Ready, schedulable, and registered by Karpenter (its
+    ``karpenter.sh/unregistered`` taint removed). Before that a pod may be rejected once more, and must not
+    be taken for one that needs another node."""
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable") or any(t.get("key") == UNREGISTERED_TAINT for t in spec.get("taints") or []):
+        return False
+    return _condition(node, "Ready")
+
+
 # -- scale from zero ----------------------------------------------------------------------------------
 
 
@@ -124,6 +137,14 @@ def pool_nodepools(gpupool: Mapping[str, Any] | None, pool: str,
              if (str(_meta(np).get("name")) == named if named
                  else template_labels(np).get(POOL_LABEL_ON_GPU) == pool)]
     return sorted(found, key=lambda np: str(_meta(np).get("name")))
+
+
+def nodepool_admits(pod: Mapping[str, Any], nodepool: Mapping[str, Any]) -> bool:
+    """Whether the pod's node selector and required node affinity allow the NodePool's nodes."""
+    template_spec = ((nodepool.get("spec") or {}).get("template") or {}).get("spec") or {}
+    as_claim = {"metadata": {"labels": template_labels(nodepool)},
+                "spec": {"requirements": template_spec.get("requirements") or []}}
+    return pod_accepts_claim(pod, as_claim)
 
 
 def _single_instance_type(nodepool: Mapping[str, Any]) -> str | None:

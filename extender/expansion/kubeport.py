@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from extender.contract import COMPONENT_LABEL, COMPONENT_WORKER
 from extender.expansion.config import DEFAULT_SCHEDULER_NAME, ExpansionConfig
 from extender.expansion.fit import device_of
+from extender.expansion.karpenter import node_usable
 from extender.expansion.lease import LeaseKeeper
 from extender.expansion.metrics import ExpansionMetrics
 from extender.expansion.worker import Expander
@@ -111,10 +112,12 @@ class KubeExpansionPort:
         return self.gpupools.get(name)
 
     def node_arrived(self, node_name: str, provider_id: str) -> bool:
-        """The claim's Node exists and its GPUs are in the inventory, so the scheduler can use it."""
+        """The claim's Node exists, is usable (``karpenter.node_usable``) and its GPUs are in the inventory,
+        so the scheduler can use it."""
         name = node_name if node_name and self.nodes.get(node_name) else ""
         name = name or self._by_provider.get(provider_id, "")
-        return bool(name) and bool(self._node_gpus(name))
+        node = self.nodes.get(name) if name else None
+        return node is not None and node_usable(node) and bool(self._node_gpus(name))
 
     # -- writes and events ---------------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from extender.expansion.karpenter import (
     consolidation_warning,
     is_gpu_nodepool,
     is_ours,
+    nodepool_admits,
     nominated_claims,
     pool_nodepools,
     still_coming,
@@ -60,6 +61,7 @@ REASON_SKIPPED = "NodeExpansionSkipped"
 REASON_CONSOLIDATION = "GPUBlindConsolidation"
 TICK_SECONDS = 1.0
 NODEPOOL_CHECK_SECONDS = 30.0
+ARRIVAL_GRACE_SECONDS = 15.0
 
 
 class ExpansionPort(ClusterView, Protocol):
@@ -144,6 +146,9 @@ class Expander:
         # Pods the filter has seen with at least one candidate node (so not "no candidate at all").
         self.filtered = CapacityFailureLog()
         self._warned_nodepools: dict[str, str] = {}
+        # Pods whose claim's node arrived: flaggable again only after the grace (uid, when).
+        self._forget_later: list[tuple[float, str]] = []
+        self.arrival_grace = max(ARRIVAL_GRACE_SECONDS, config.delay_seconds)
         self._nodepools_checked_at: float | None = None
 
     # -- the filter's side: sync, cheap, never raises ----------------------------------------------
@@ -187,7 +192,8 @@ class Expander:
         placeholders = self.placeholders
         if placeholders is not None and placeholders.provisioner(gpupool) is Provisioner.CLUSTER_AUTOSCALER:
             return False
-        if not pool_nodepools(gpupool, request.pool, self.port.all_nodepools()):
+        nodepools = pool_nodepools(gpupool, request.pool, self.port.all_nodepools())
+        if not any(nodepool_admits(pod, nodepool) for nodepool in nodepools):
             return False
         return not any(d.pool == request.pool for name in candidate_nodes for d in self.port.node_gpus(name))
 
@@ -263,6 +269,11 @@ class Expander:
         """Settle the in-flight claims, then handle the queued pods that are due (while leader)."""
         now = self._clock()
         self._depart(self.inflight.settle(self.port.nodeclaim, self.port.node_arrived, now))
+        if self._forget_later:
+            due = [uid for when, uid in self._forget_later if when <= now]
+            self._forget_later = [(when, uid) for when, uid in self._forget_later if when > now]
+            for uid in due:
+                self.flagged.forget(uid)
         self.track_karpenter_claims()
         if not self.leader.is_leader:
             return
@@ -408,8 +419,14 @@ class Expander:
         for departure in departures:
             log.info("claim left the in-flight set",
                      extra={"claim": departure.claim, "reason": departure.reason.value})
+            arrived = departure.reason in (LeaveReason.REGISTERED, LeaveReason.READY)
             for ref in departure.pods:
-                self.flagged.forget(ref.uid)
+                if arrived:
+                    # The scheduler needs a moment to try the new node; a rejection in between must not
+                    # buy another one.
+                    self._forget_later.append((self._clock() + self.arrival_grace, ref.uid))
+                else:
+                    self.flagged.forget(ref.uid)
                 if departure.reason is LeaveReason.TIMEOUT:
                     self.port.record(ref.as_object(), REASON_FAILED,
                                      f"NodeClaim {departure.claim} got no node within "

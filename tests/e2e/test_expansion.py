@@ -113,6 +113,7 @@ def test_twenty_pods_never_more_than_three_claims_in_flight(api_client, namespac
     placed = {n: node_of(api_client, namespace, n) for n in names}
     assert all(placed.values()), {n: node for n, node in placed.items() if not node}
     assert len(set(placed.values())) == 20  # each on a node of its own
+    assert len(group.expansion_claims()) == 21  # and no node more (the filler's first one included)
     assert most_in_flight == 3
 
 

@@ -77,10 +77,31 @@ async def test_a_claim_karpenter_nominated_the_pod_to_holds_it_even_when_its_gpu
     expander.notice(port.add_pod("p"), CAPACITY_ONLY, ["n1"])
     await later(expander, clock, 10)
     assert port.created == [] and "gpu-xyz" in port.messages("p", REASON_WAITING)[0]
-    # its node registers with GPUs: the claim leaves, and the pod may expand again at its next failure
+    # its node registers with GPUs: the claim leaves; the pod may expand again at a failure after the grace
     port.karpenter_delivers("gpu-xyz")
     await later(expander, clock, 1)
-    assert "gpu-xyz" not in expander.inflight and "uid-p" not in expander.flagged
+    assert "gpu-xyz" not in expander.inflight and "uid-p" in expander.flagged
+    await later(expander, clock, 15)
+    assert "uid-p" not in expander.flagged
+
+
+async def test_a_rejection_just_after_the_node_arrived_buys_no_second_node(port: FakePort) -> None:
+    expander, clock = make(port, delay_seconds=1.0)
+    pod = port.add_pod("p")
+    expander.notice(pod, CAPACITY_ONLY, ["n1"])
+    await later(expander, clock, 1)
+    assert len(port.created) == 1
+    port.karpenter_delivers(port.created[0]["metadata"]["name"])
+    await later(expander, clock, 1)
+    assert len(expander.inflight) == 0
+    # the scheduler had not seen the new node yet: the pod fails once more on the old ones
+    expander.notice(pod, CAPACITY_ONLY, ["n1"])
+    await later(expander, clock, 5)
+    assert len(port.created) == 1 and port.reasons("p") == [REASON_CHECK, REASON_COMPLETED]
+    await later(expander, clock, 15)  # still pending long after: it is considered again
+    expander.notice(pod, CAPACITY_ONLY, ["n1"])
+    await later(expander, clock, 1)
+    assert len(port.created) == 2
 
 
 async def test_a_karpenter_claim_whose_gpus_cannot_hold_the_pod_does_not_stop_expansion(
@@ -224,7 +245,6 @@ async def test_which_nodepool_and_instance_type_a_pool_grows_from(port: FakePort
     ("too small", {"nvidia.com/gpu.product": "NVIDIA-A10", "nvidia.com/gpu.memory": "24576"},
      "even an empty node would not fit"),
     ("another pool's nodes", {"tensor-fusion.ai/gpupool": "pool-b"}, "puts nodes in GPU pool pool-b"),
-    ("the pod selects other nodes", {"team": "b"}, "excludes its nodes"),
 ])
 async def test_a_nodepool_that_cannot_make_a_fitting_node_fails_with_the_reason(
         port: FakePort, case: str, labels: dict[str, Any], reason: str) -> None:
@@ -244,11 +264,15 @@ async def test_a_nodepool_that_cannot_make_a_fitting_node_fails_with_the_reason(
     assert reason in port.messages("p", REASON_FAILED)[0], case
 
 
-async def test_without_a_nodepool_for_the_pool_hopeless_pods_start_nothing(port: FakePort) -> None:
+@pytest.mark.parametrize(("case", "nodepool"), [("no NodePool", False), ("its nodes not selected", True)])
+async def test_without_a_nodepool_for_the_pod_hopeless_pods_start_nothing(port: FakePort, case: str,
+                                                                          nodepool: bool) -> None:
+    if nodepool:
+        gpu_nodepool(port)
     expander, clock = make(port)
-    expander.notice(port.add_pod("p"), NO_GPU_OF_POOL, ["cpu-1"])
+    expander.notice(port.add_pod("p", nodeSelector={INSTANCE_TYPE: "cpu-8"}), NO_GPU_OF_POOL, ["cpu-1"])
     await later(expander, clock, 10)
-    assert port.created == [] and port.reasons("p") == []
+    assert port.created == [] and port.reasons("p") == [], case
     assert REASON_SKIPPED not in port.reasons("p")
 
 
