@@ -146,8 +146,10 @@ class Expander:
         # Pods the filter has seen with at least one candidate node (so not "no candidate at all").
         self.filtered = CapacityFailureLog()
         self._warned_nodepools: dict[str, str] = {}
-        # Pods whose claim's node arrived: flaggable again only after the grace (uid, when).
-        self._forget_later: list[tuple[float, str]] = []
+        # Pods whose claim's node arrived: flaggable again only after the grace (uid -> its end). A rejection
+        # during the grace is kept (uid -> entry) and acted on at its end if the pod is still pending then.
+        self._grace: dict[str, float] = {}
+        self._rejected_in_grace: dict[str, Queued] = {}
         self.arrival_grace = max(ARRIVAL_GRACE_SECONDS, config.delay_seconds)
         self._nodepools_checked_at: float | None = None
 
@@ -173,7 +175,12 @@ class Expander:
             self.placeholders.not_capacity_only(ref.uid)
         if candidate_nodes:
             self.filtered.first_time(ref.uid)
-        if ref.uid in self.flagged or outcome.error or getattr(outcome, "fits", None):
+        if outcome.error or getattr(outcome, "fits", None):
+            return
+        if ref.uid in self._grace and ref.uid not in self._rejected_in_grace:
+            with contextlib.suppress(Exception):
+                self._rejected_in_grace[ref.uid] = Queued(ref, self._request_of(pod), tuple(candidate_nodes))
+        if ref.uid in self.flagged:
             return
         if capacity_only:
             self._flag(pod, ref, candidate_nodes,
@@ -269,11 +276,13 @@ class Expander:
         """Settle the in-flight claims, then handle the queued pods that are due (while leader)."""
         now = self._clock()
         self._depart(self.inflight.settle(self.port.nodeclaim, self.port.node_arrived, now))
-        if self._forget_later:
-            due = [uid for when, uid in self._forget_later if when <= now]
-            self._forget_later = [(when, uid) for when, uid in self._forget_later if when > now]
-            for uid in due:
-                self.flagged.forget(uid)
+        for uid in [uid for uid, until in self._grace.items() if until <= now]:
+            del self._grace[uid]
+            entry = self._rejected_in_grace.pop(uid, None)
+            if entry is None:
+                self.flagged.forget(uid)  # the next rejection flags it again
+            else:
+                self._push(entry, now)  # rejected although its node had arrived: the node went elsewhere
         self.track_karpenter_claims()
         if not self.leader.is_leader:
             return
@@ -423,8 +432,8 @@ class Expander:
             for ref in departure.pods:
                 if arrived:
                     # The scheduler needs a moment to try the new node; a rejection in between must not
-                    # buy another one.
-                    self._forget_later.append((self._clock() + self.arrival_grace, ref.uid))
+                    # buy another one at once.
+                    self._grace[ref.uid] = self._clock() + self.arrival_grace
                 else:
                     self.flagged.forget(ref.uid)
                 if departure.reason is LeaveReason.TIMEOUT:

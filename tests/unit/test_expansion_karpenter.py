@@ -85,7 +85,13 @@ async def test_a_claim_karpenter_nominated_the_pod_to_holds_it_even_when_its_gpu
     assert "uid-p" not in expander.flagged
 
 
-async def test_a_rejection_just_after_the_node_arrived_buys_no_second_node(port: FakePort) -> None:
+@pytest.mark.parametrize(("case", "rejected_in_grace", "bound_by_then", "claims"), [
+    ("rejected before the scheduler saw the node, then placed", True, True, 1),
+    ("rejected although the node arrived: it went elsewhere", True, False, 2),
+    ("not rejected in the grace: waits for its next failure", False, False, 1),
+])
+async def test_a_rejection_just_after_the_node_arrived_waits_for_the_grace(
+        port: FakePort, case: str, rejected_in_grace: bool, bound_by_then: bool, claims: int) -> None:
     expander, clock = make(port, delay_seconds=1.0)
     pod = port.add_pod("p")
     expander.notice(pod, CAPACITY_ONLY, ["n1"])
@@ -94,26 +100,18 @@ async def test_a_rejection_just_after_the_node_arrived_buys_no_second_node(port:
     port.karpenter_delivers(port.created[0]["metadata"]["name"])
     await later(expander, clock, 1)
     assert len(expander.inflight) == 0
-    # the scheduler had not seen the new node yet: the pod fails once more on the old ones
-    expander.notice(pod, CAPACITY_ONLY, ["n1"])
+    if rejected_in_grace:
+        expander.notice(pod, CAPACITY_ONLY, ["n1"])
     await later(expander, clock, 5)
-    assert len(port.created) == 1 and port.reasons("p") == [REASON_CHECK, REASON_COMPLETED]
-    await later(expander, clock, 15)  # still pending long after: it is considered again
-    expander.notice(pod, CAPACITY_ONLY, ["n1"])
-    await later(expander, clock, 1)
-    assert len(port.created) == 2
-
-
-async def test_a_karpenter_claim_whose_gpus_cannot_hold_the_pod_does_not_stop_expansion(
-        port: FakePort) -> None:
-    expander, clock = make(port)
-    small = GFD | {"nvidia.com/gpu.product": "NVIDIA-A10", "nvidia.com/gpu.memory": "24576",
-                   "tensor-fusion.ai/gpupool": "pool-a"}
-    karpenter_claim(port, "gpu-small", small)
-    nominated(port, "p", "gpu-small")
-    expander.notice(port.add_pod("p"), CAPACITY_ONLY, ["n1"])
+    assert len(port.created) == 1, case  # nothing at once
+    if bound_by_then:
+        port.pods["ns/p"]["spec"]["nodeName"] = "node-of-new"
     await later(expander, clock, 10)
-    assert len(port.created) == 1 and port.reasons("p") == [REASON_CHECK, REASON_COMPLETED]
+    assert len(port.created) == claims, case
+    if not rejected_in_grace:
+        expander.notice(pod, CAPACITY_ONLY, ["n1"])  # a later failure flags it again
+        await later(expander, clock, 1)
+        assert len(port.created) == 2, case
 
 
 @pytest.mark.parametrize(("case", "conditions", "deleting"), [
