@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -192,18 +191,6 @@ class Karpenter:
     def check_alive(self) -> None:
         if self.proc is not None:
             self.proc.check_alive()
-
-    def metric(self, name: str, **labels: str) -> float | None:
-        """One sample of Karpenter's own /metrics, or None."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
-            page = r.read().decode()
-        from prometheus_client.parser import text_string_to_metric_families
-
-        for family in text_string_to_metric_families(page):
-            for sample in family.samples:
-                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                    return float(sample.value)
-        return None
 
     # -- objects ------------------------------------------------------------------------------------
 
