@@ -330,6 +330,19 @@ def test_placement_defaults(helm):
     assert bad.returncode != 0 and "placement.defaultPool.mode" in bad.stderr
 
 
+def test_cluster_autoscaler_hints(helm):
+    objs = render(helm, "--set", "clusterAutoscaler.nodeTemplateHints=true")
+    hints = cpl.MANIFESTS / "optional" / "cluster-autoscaler" / "node-template-hints.yaml"
+    cm = _find(objs, "ConfigMap", "tensor-fusion-cluster-autoscaler-hints")
+    assert cm["data"]["node-template-hints.yaml"] == hints.read_text()
+    assert not [o for o in render(helm) if o["metadata"]["name"] == "tensor-fusion-cluster-autoscaler-hints"]
+    bad = _run(helm, "template", RELEASE, CHART, "--set", "clusterAutoscaler.provider=openstack", check=False)
+    assert bad.returncode != 0
+    assert (
+        'clusterAutoscaler.provider "openstack": use one of aws, azure, clusterapi, gce, kwok' in bad.stderr
+    )
+
+
 # ------------------------------------------------------------------------- install, schedule, upgrade
 
 
@@ -423,9 +436,21 @@ def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):
     admission = client.AdmissionregistrationV1Api(api)
 
     out = _run(
-        helm, "install", RELEASE, CHART, "--namespace", NS, "--create-namespace", "--no-hooks", kubeconfig=kc
+        helm,
+        "install",
+        RELEASE,
+        CHART,
+        "--namespace",
+        NS,
+        "--create-namespace",
+        "--no-hooks",
+        "--set",
+        "clusterAutoscaler.provider=aws",
+        kubeconfig=kc,
     )
     assert "STATUS: deployed" in out.stdout
+    # the notes tell what to put on GPU node groups that scale from zero
+    assert "k8s.io/cluster-autoscaler/node-template/resources/tensor-fusion.ai/index_f" in out.stdout
     installed = [
         d
         for d in yaml.safe_load_all(

@@ -13,6 +13,10 @@ COPIES = [
     (CHART / "files" / "rbac.yaml", ROOT / "manifests" / "rbac.yaml"),
     (CHART / "files" / "priorityclasses.yaml", ROOT / "manifests" / "priorityclasses.yaml"),
     (
+        CHART / "files" / "cluster-autoscaler-node-template-hints.yaml",
+        ROOT / "manifests" / "optional" / "cluster-autoscaler" / "node-template-hints.yaml",
+    ),
+    (
         CHART / "files" / "kube-scheduler-config.yaml",
         ROOT / "manifests" / "scheduler" / "kube-scheduler-config.yaml",
     ),
