@@ -14,7 +14,9 @@ candidates and the empty nodes) whenever another node fits, so replacements land
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -148,6 +150,7 @@ class Defragmenter:
         self._manual_seen: dict[str, str] = {}
         self._config_errors: dict[str, str] = {}
         self._fences: dict[str, frozenset[str]] = {}
+        self.runs: dict[str, asyncio.Task[None]] = {}
 
     # --- the filter hook ------------------------------------------------------------------------------
 
@@ -169,15 +172,24 @@ class Defragmenter:
     # --- the loop -------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Look at the pools every tick until cancelled."""
-        while True:
-            try:
-                await self.tick()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("defrag tick failed")
-            await self.sleep(self.tick_seconds)
+        """Look at the pools every tick until cancelled; runs in progress are cancelled with it."""
+        try:
+            while True:
+                try:
+                    self.tick()
+                except Exception:
+                    log.exception("defrag tick failed")
+                await self.sleep(self.tick_seconds)
+        finally:
+            await self.cancel_runs()
+
+    async def cancel_runs(self) -> None:
+        runs = list(self.runs.values())
+        for task in runs:
+            task.cancel()
+        for task in runs:
+            with contextlib.suppress(BaseException):
+                await task
 
     def due(self, pools: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], DefragConfig, Trigger]]:
         """The pools whose run starts now (a manual trigger first, then a schedule that fired)."""
@@ -204,12 +216,35 @@ class Defragmenter:
                     out.append((pool, config, Trigger.SCHEDULE))
         return out
 
-    async def tick(self) -> None:
+    def tick(self) -> None:
+        """Start the runs that are due, each pool's as a task of its own (one run per pool at a time, so a
+        long run in one pool does not make another pool's trigger go stale)."""
         if self.leader is not None and not self.leader.is_leader:
             self._last_look = None  # a new leader does not catch up on the old one's schedule
+            for task in self.runs.values():  # leadership lost: another replica takes over
+                task.cancel()
             return
         for pool, config, trigger in self.due(self.port.pools()):
+            name = _pool_name(pool)
+            if name in self.runs:
+                log.info("defrag run already in progress", extra={"pool": name, "trigger": trigger.value})
+                continue
+            task = asyncio.create_task(self._run_logged(pool, config, trigger), name=f"defrag-{name}")
+            self.runs[name] = task
+            task.add_done_callback(functools.partial(self._run_done, name))
+
+    def _run_done(self, name: str, task: asyncio.Task[None]) -> None:
+        if self.runs.get(name) is task:
+            del self.runs[name]
+
+    async def _run_logged(self, pool: dict[str, Any], config: DefragConfig, trigger: Trigger) -> None:
+        try:
             await self.run_pool(pool, config, trigger)
+        except asyncio.CancelledError:
+            log.info("defrag run cancelled", extra={"pool": _pool_name(pool)})
+            raise
+        except Exception:
+            log.exception("defrag run failed", extra={"pool": _pool_name(pool)})
 
     def _config_invalid(self, pool: dict[str, Any], message: str) -> None:
         name = _pool_name(pool)

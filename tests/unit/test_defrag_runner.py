@@ -301,3 +301,39 @@ async def test_a_node_whose_room_the_previous_node_took_is_reported_no_room():
             "(no-room)", "Normal") in recorder.events
     assert "2 candidate nodes, 2 to empty if their workers fit elsewhere" in recorder.events[0][1]
     assert sample(metrics, "skips", pool="p", reason="no-room") == 1
+
+
+async def test_tick_runs_each_due_pool_as_its_own_task():
+    from extender.defrag.runner import MANUAL_TRIGGER_ANNOTATION as MANUAL
+
+    objects = four_nodes()
+    other = pool("q")
+    stamp = "2026-06-01T11:59:59Z"
+    objects[0]["metadata"]["annotations"] = {MANUAL: stamp}
+    other["metadata"]["annotations"] = {MANUAL: stamp}
+    defragmenter, cluster, recorder, _, _ = setup([*objects, other])
+    defragmenter.tick()
+    assert sorted(defragmenter.runs) == ["p", "q"]
+    defragmenter.tick()  # nothing new is due, and each pool has one run at a time
+    await asyncio.gather(*defragmenter.runs.values())
+    assert defragmenter.runs == {}
+    assert cluster.evictions == ["ml/light-a-w0", "ml/light-b-w0"]
+    assert recorder.reasons().count("DefragFinished") == 2
+
+
+async def test_losing_the_lease_cancels_a_run_and_lifts_its_fence():
+    class Lease:
+        is_leader = True
+
+    lease = Lease()
+    objects = four_nodes()
+    objects[0]["metadata"]["annotations"] = {MANUAL_TRIGGER_ANNOTATION: "2026-06-01T11:59:59Z"}
+    defragmenter, cluster, _, _, _ = setup(objects, leader=lease)
+    cluster.blocked = {"light-a-w0"}  # the run waits on the PDB
+    defragmenter.tick()
+    await asyncio.sleep(0.01)
+    assert defragmenter._fences
+    lease.is_leader = False
+    defragmenter.tick()
+    await asyncio.sleep(0.01)
+    assert defragmenter.runs == {} and defragmenter._fences == {}
