@@ -634,3 +634,10 @@ def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):
     assert _run(helm, "list", "--namespace", NS, "-q", kubeconfig=kc).stdout.strip() == ""
     with contextlib.suppress(Exception):
         api.close()
+
+
+def test_another_namespace_reaches_every_namespaced_reference(helm):
+    out = _run(helm, "template", RELEASE, CHART, "--namespace", "gpu-system").stdout
+    objects = json.dumps([d for d in yaml.safe_load_all(out) if d])  # without the comments
+    assert "tensor-fusion-system" not in objects
+    assert "system:serviceaccount:gpu-system:tensor-fusion-scheduler" in objects  # the admission policies

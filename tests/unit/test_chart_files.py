@@ -12,6 +12,7 @@ CHART = ROOT / "charts" / "tensor-fusion-extender"
 COPIES = [
     (CHART / "files" / "rbac.yaml", ROOT / "manifests" / "rbac.yaml"),
     (CHART / "files" / "priorityclasses.yaml", ROOT / "manifests" / "priorityclasses.yaml"),
+    (CHART / "files" / "admission-policy.yaml", ROOT / "manifests" / "admission-policy.yaml"),
     (
         CHART / "files" / "cluster-autoscaler-node-template-hints.yaml",
         ROOT / "manifests" / "optional" / "cluster-autoscaler" / "node-template-hints.yaml",
