@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 PENDING, CREATING, BOUND = "Pending", "Creating", "Bound"
 # After a failed create, a pool's launches wait this long, so a rejected NodeClaim is not retried in a loop.
 FAILURE_BACKOFF_SECONDS = 60.0
+SKIP_LOG_SECONDS = 60.0
 CONDITION = "NodeClaimsListable"
 
 
@@ -61,6 +62,7 @@ class Provisioner:
         self.metrics = metrics
         self._listable: bool | None = None
         self._held: dict[str, float] = {}  # pool -> monotonic time its launches may resume
+        self._skips_logged: dict[str, tuple[str, float]] = {}
         self._list_error = ""
 
     async def reconcile(self, now: dt.datetime) -> list[Action]:
@@ -75,7 +77,7 @@ class Provisioner:
                                   leaving=self.view.leaving())
         actions = list(plan_launches(inputs))
         for action in actions:
-            log.info("plan", extra={"plan": action.as_json()})
+            self._log(action)
             pool = self.view.pools.get(action.pool) or {"kind": "GPUPool", "metadata": {"name": action.pool}}
             if action.action == "launch":
                 if self._held.get(action.pool, 0.0) > time.monotonic():
@@ -89,6 +91,18 @@ class Provisioner:
                 self.port.record(pool, event, action.reason, "Warning")
         await self._conditions([c.name for c in karpenter_pools])
         return actions
+
+    def _log(self, action: Action) -> None:
+        """Every launch; a skip only when it changed or a minute passed (a blocked pool repeats each
+        reconcile)."""
+        line = action.as_json()
+        if action.action == "skip":
+            key = repr(sorted(line.items()))
+            if self._skips_logged.get(action.pool, ("", 0.0))[0] == key and \
+                    time.monotonic() - self._skips_logged[action.pool][1] < SKIP_LOG_SECONDS:
+                return
+            self._skips_logged[action.pool] = (key, time.monotonic())
+        log.info("plan", extra={"plan": line})
 
     # -- launches ---------------------------------------------------------------------------------------
 

@@ -199,13 +199,17 @@ async def test_provisioner_creates_claims_in_order_and_counts_them_pending(catal
     assert not [c for c in port.calls if c[0] == "POST"]
 
 
-async def test_missing_nodeclass_is_an_event_and_no_claim(catalog_file: str) -> None:
+async def test_missing_nodeclass_is_an_event_and_no_claim(catalog_file: str, caplog: Any) -> None:
     port = FakePort()
     view = view_of(port, [karpenter_pool(minResources={"tflops": 150})], tmp_catalog=catalog_file)
     provisioner = Provisioner(view, port, ProvisionerMetrics(CollectorRegistry()))  # type: ignore[arg-type]
+    caplog.set_level("INFO", logger="extender.lifecycle.provisioner")
     await provisioner.reconcile(NOW)
+    await provisioner.reconcile(NOW)  # the same skip again: logged once, evented (folded by the recorder)
+    logged = [r.plan for r in caplog.records if r.getMessage() == "plan"]
+    assert [(x["action"], x["event"]) for x in logged] == [("skip", "NodeClassNotFound")]
     assert not [c for c in port.calls if c[0] == "POST"]
-    assert [(e[1], e[3]) for e in port.events] == [("NodeClassNotFound", "Warning")]
+    assert [(e[1], e[3]) for e in port.events] == [("NodeClassNotFound", "Warning")] * 2
 
 
 async def test_failed_nodeclaim_create_deletes_the_gpunodeclaim(catalog_file: str) -> None:
