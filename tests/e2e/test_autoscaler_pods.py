@@ -58,8 +58,9 @@ def ca_cluster(gpu_cluster, api_client, extender_runner, default_scheduler) -> c
 
 @pytest.fixture
 def gpu_node(make_node) -> Callable[..., str]:
-    def make(prefix: str = "ca", advertise: bool = True) -> str:
-        return make_node(f"{prefix}-{uuid.uuid4().hex[:6]}", labels=dict(GFD), taints=[ca.GPU_TAINT],
+    def make(prefix: str = "ca", advertise: bool = True, discovered: bool = True) -> str:
+        labels = dict(GFD) if discovered else {ca.POOL_LABEL: POOL}
+        return make_node(f"{prefix}-{uuid.uuid4().hex[:6]}", labels=labels, taints=[ca.GPU_TAINT],
                          extra_allocatable={"nvidia.com/gpu": "1"} if advertise else None)
     return make
 
@@ -181,10 +182,13 @@ def test_a_capacity_only_failure_gets_a_placeholder_that_only_an_empty_node_can_
     condition = unschedulable(api_client, PROJECT_NS, placeholder.metadata.name)
     assert "nvidia.com/gpu" in condition.message
 
-    # What the autoscaler does next, played here: an empty copy of the full node joins.
-    fresh = gpu_node("fresh")
+    # What the autoscaler does next, played here: an empty copy of the full node joins. Its GPUs are not
+    # discovered yet (no GPU Feature Discovery labels), so the pending pod cannot use it and keeps its
+    # placeholder, which the default scheduler places there.
+    fresh = gpu_node("fresh", discovered=False)
     assert cpl.wait_for_pod_bound(api_client, PROJECT_NS, placeholder.metadata.name, timeout=60
                                   ).spec.node_name == fresh
+    core.patch_node(fresh, {"metadata": {"labels": GFD}})  # the GPUs are discovered: the pod lands there
     assert cpl.wait_for_pod_bound(api_client, namespace, "waiting", timeout=60).spec.node_name == fresh
     cpl.wait_until(lambda: placeholders_for(api_client, namespace, "waiting") == [], 60,
                    what="the placeholder gone once its pod is placed")

@@ -73,8 +73,8 @@ def autoscaled(cluster, webhook, api_client, extender_runner, e2e_binaries) -> I
     with_group = core.list_node(label_selector=f"{GROUP_LABEL}={GROUP}").items
     for node in with_group:  # nodes the autoscaler left behind (a failed scenario)
         core.delete_node(node.metadata.name)
+    client.AppsV1Api(api_client).delete_collection_namespaced_deployment("e2e-ca-pods")
     core.delete_collection_namespaced_pod("e2e-ca-pods", grace_period_seconds=0)
-    client.AppsV1Api(api_client).delete_collection_namespaced_replica_set("e2e-ca-pods")
 
 
 def group_nodes(api_client: Any) -> list[str]:
@@ -95,20 +95,32 @@ def opted_in(name: str, vram: str) -> dict[str, Any]:
     return body
 
 
-def replicated(api_client: Any, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-    """``body`` owned by a ReplicaSet (replicas 1, selecting only it), as a Deployment's pod is: the
-    autoscaler moves such pods when it drains a node, while bare pods would keep the node by themselves."""
-    name = body["metadata"]["name"]
-    selector = {"e2e-ca": name}
-    rs = client.AppsV1Api(api_client).create_namespaced_replica_set(namespace, {
-        "metadata": {"name": f"rs-{name}"},
-        "spec": {"replicas": 1, "selector": {"matchLabels": selector}, "template": {
-            "metadata": {"labels": selector},
-            "spec": {"containers": [{"name": "main", "image": "busybox"}]}}}})
-    body["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                                            "name": rs.metadata.name, "uid": rs.metadata.uid,
-                                            "controller": True}]
-    return body
+def deploy(api_client: Any, namespace: str, name: str, vram: str) -> str:
+    """An opted-in Deployment of one replica, as users run GPU work (the autoscaler would move its pod when
+    draining a node, while a bare pod keeps its node by itself); returns its pod's name."""
+    pod = opted_in(name, vram)
+    client.AppsV1Api(api_client).create_namespaced_deployment(namespace, {
+        "metadata": {"name": name},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"e2e-ca": name}},
+                 "template": {"metadata": {k: pod["metadata"][k] for k in ("labels", "annotations")},
+                              "spec": pod["spec"]}}})
+    return str(cpl.wait_until(lambda: pod_of(api_client, namespace, name), 60,
+                              what=f"the pod of Deployment {name}").metadata.name)
+
+
+def pod_of(api_client: Any, namespace: str, name: str) -> Any:
+    pods = client.CoreV1Api(api_client).list_namespaced_pod(namespace, label_selector=f"e2e-ca={name}").items
+    live = [p for p in pods if not p.metadata.deletion_timestamp]
+    return live[0] if live else None
+
+
+def finish(api_client: Any, namespace: str, *names: str) -> None:
+    """The workloads end: their Deployments go, and with them (garbage collector) their pods."""
+    for name in names:
+        client.AppsV1Api(api_client).delete_namespaced_deployment(name, namespace,
+                                                                   propagation_policy="Foreground")
+    cpl.wait_until(lambda: not any(client.CoreV1Api(api_client).list_namespaced_pod(
+        namespace, label_selector=f"e2e-ca={name}").items for name in names), 120, what="the pods gone")
 
 
 def delete(api_client: Any, namespace: str, *names: str) -> None:
@@ -149,9 +161,9 @@ def test_1_practice_guide_pod_scales_from_zero_and_back(autoscaled, api_client) 
 
 def test_2_opted_in_pod_scales_from_zero_and_lands_through_the_extender(autoscaled, api_client) -> None:
     ns = autoscaled["namespace"]
-    cpl.create_pod(api_client, ns, replicated(api_client, ns, opted_in("share-1", "48Gi")))
+    pod = deploy(api_client, ns, "share-1", "48Gi")
     (node,), up = wait_for_size(api_client, 1)
-    bound = cpl.wait_for_pod_bound(api_client, ns, "share-1", timeout=SCALE_TIMEOUT)
+    bound = cpl.wait_for_pod_bound(api_client, ns, pod, timeout=SCALE_TIMEOUT)
     assert bound.spec.node_name == node
     assert cpl.gpu_ids_of(bound) == [f"{node}-gpu-0"]  # placed by the extender (it wrote gpu-ids)
     report("opted-in pod: 0 -> 1 node", up)
@@ -161,17 +173,17 @@ def test_3_gpus_full_by_share_get_one_placeholder_and_exactly_one_node(autoscale
     ns = autoscaled["namespace"]
     (first,) = group_nodes(api_client)
     # 48 + 48 > 80 GiB: not on the first node
-    cpl.create_pod(api_client, ns, replicated(api_client, ns, opted_in("share-2", "48Gi")))
-    (placeholder,) = cpl.wait_until(lambda: placeholders_for(api_client, f"{ns}/share-2"), 60,
+    pod = deploy(api_client, ns, "share-2", "48Gi")
+    (placeholder,) = cpl.wait_until(lambda: placeholders_for(api_client, f"{ns}/{pod}"), 60,
                                     what="a placeholder for share-2")
     nodes, up = wait_for_size(api_client, 2)
     second = next(n for n in nodes if n != first)
-    placed = cpl.wait_for_pod_bound(api_client, ns, "share-2", timeout=SCALE_TIMEOUT)
+    placed = cpl.wait_for_pod_bound(api_client, ns, pod, timeout=SCALE_TIMEOUT)
     assert placed.spec.node_name == second
     report("GPU full by share: placeholder -> +1 node, pod placed", up)
-    cpl.wait_until(lambda: placeholders_for(api_client, f"{ns}/share-2") == [], 60,
+    cpl.wait_until(lambda: placeholders_for(api_client, f"{ns}/{pod}") == [], 60,
                    what="the placeholder gone")
-    events = cpl.pod_events(api_client, ns, "share-2", "NodeExpansionCompleted")
+    events = cpl.pod_events(api_client, ns, pod, "NodeExpansionCompleted")
     assert events and placeholder.metadata.name in events[0].message
     time.sleep(20)  # longer than a scan plus the scale-down delay after add: still exactly one new node
     assert len(group_nodes(api_client)) == 2
@@ -181,14 +193,14 @@ def test_4_shared_gpus_keep_their_nodes_until_the_pods_finish(autoscaled, api_cl
     ns = autoscaled["namespace"]
     nodes = group_nodes(api_client)
     assert len(nodes) == 2
-    # Both GPUs are 60 % used by shares, by pods the autoscaler could move (they have a ReplicaSet). Without
+    # Both GPUs are 60 % used by shares, by pods the autoscaler could move (Deployments'). Without
     # reservation pods it read nvidia.com/gpu 0 % used and drained a node within 24 s.
     watched = time.monotonic()
     while time.monotonic() - watched < 50:  # > scale-down-unneeded-time 15 s + delay after add 15 s + scans
         assert group_nodes(api_client) == nodes
         time.sleep(5)
     for name in ("share-1", "share-2"):
-        assert client.CoreV1Api(api_client).read_namespaced_pod(name, ns).status.phase == "Running"
-    delete(api_client, ns, "share-1", "share-2")
+        assert pod_of(api_client, ns, name).status.phase == "Running"
+    finish(api_client, ns, "share-1", "share-2")
     _, down = wait_for_size(api_client, 0)
     report("fractional pods finished: 2 -> 0 nodes", down)
