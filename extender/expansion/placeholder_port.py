@@ -107,5 +107,6 @@ def attach_placeholders(expander: Expander, config: AutoscalerConfig, api_client
     if not isinstance(expander.port, KubeExpansionPort):
         raise TypeError("placeholders need the API server's expansion port")
     port = KubePlaceholderPort(api_client, expander.port, gpu_pods, config)
-    expander.placeholders = Placeholders(config, port, forget=expander.flagged.forget)
+    expander.placeholders = Placeholders(config, port, forget=expander.flagged.forget,
+                                         registry=expander.metrics.registry)
     return expander.placeholders

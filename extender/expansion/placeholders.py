@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Protocol
 
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
 from extender.contract import GPURequest
 from extender.expansion.decide import skip_reason
 from extender.expansion.detect import REASON_COMPLETED, REASON_FAILED
@@ -117,14 +119,20 @@ class Placeholders:
 
     def __init__(self, config: AutoscalerConfig, port: PlaceholderPort,
                  forget: Callable[[str], None] = lambda uid: None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 registry: CollectorRegistry | None = None) -> None:
         self.config = config
         self._clock = clock
         self.port = port
         self._forget = forget  # lets the expander flag the pod again
         self._coming: dict[str, Coming] = {}  # by owner uid
         self._release: set[str] = set()
-        self.created = 0
+        registry = registry if registry is not None else CollectorRegistry()
+        self.created = Counter("tf_extender_placeholder_pods_created_total",
+                               "Placeholder pods created for the Cluster Autoscaler", ["pool"],
+                               registry=registry)
+        Gauge("tf_extender_placeholder_pods", "Placeholder pods the expander tracks (one per node asked for)",
+              registry=registry).set_function(lambda: len(self._coming))
 
     def __len__(self) -> int:
         return len(self._coming)
@@ -214,7 +222,7 @@ class Placeholders:
         positions = coming.room_for(key, request, cpu, memory)
         if positions is not None:
             coming.count(positions, request, cpu, memory)
-        self.created += 1
+        self.created.labels(pool=request.pool).inc()
         self.port.record(pod, REASON_COMPLETED,
                          f"created placeholder pod {self.config.namespace}/{coming.name} "
                          f"({describe_requests(body)}, modelled on node {template}) for the Cluster "

@@ -188,6 +188,8 @@ async def test_no_karpenter_template_means_a_placeholder_and_an_event_naming_it(
     assert requests_of(placeholder) == {NVIDIA_GPU: "1"}
     (message,) = port.messages("p", REASON_COMPLETED)
     assert f"{NS}/{placeholder['metadata']['name']}" in message
+    assert expander.placeholders is not None
+    assert expander.placeholders.created.labels(pool="pool-a")._value.get() == 1
     assert REASON_FAILED not in port.reasons("p")
 
 
