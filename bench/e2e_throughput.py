@@ -348,7 +348,8 @@ def run_phase(cluster: Any, name: str, namespace: str, pods: list[dict[str, Any]
         p50, p99 = histogram_quantiles(ext_after, ext_before, "tf_extender_request_duration_seconds",
                                        'verb="bind"')
     else:  # kube-scheduler binds: its Bind extension point
-        p50, p99 = histogram_quantiles(sched_after, {}, "scheduler_extension_point_duration_seconds",
+        p50, p99 = histogram_quantiles(sched_after, {},
+                                       "scheduler_framework_extension_point_duration_seconds",
                                        'extension_point="Bind"')
     out["bind_p50_s"], out["bind_p99_s"] = p50, p99
     if extender_port:

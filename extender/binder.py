@@ -39,6 +39,7 @@ from extender.contract import (
     format_bytes,
     format_tflops,
 )
+from extender.kube.aio import NotSent
 from extender.kube.client import error_message, error_status
 from extender.kube.pods import PodApi
 from extender.metrics import Metrics
@@ -246,16 +247,20 @@ class Binder:
             try:
                 await self.api.bind(ns, name, uid, node, annotations)
                 return _Seen.OURS, ""
+            except NotSent as exc:  # nothing left: post again after the backoff
+                status, problem, sent = None, error_message(exc), False
             except Exception as exc:
-                status, problem = error_status(exc), error_message(exc)
+                status, problem, sent = error_status(exc), error_message(exc), True
             if status is not None and status < 500 and status not in (409, 429):
                 return _Seen.UNBOUND, f"cannot bind pod {ns}/{name} to node {node}: {problem}"
             # 409: bound already (perhaps by an earlier attempt of this bind) or the uid differs;
             # 429, 5xx, no answer: the Binding may have been written, or may still be.
-            seen, error = await self._observe(ns, name, uid, node, annotations[GPU_IDS])
-            if seen is not None:
-                return seen, error
-            log.warning("bind outcome unknown, posting the Binding again",
+            if sent:
+                seen, error = await self._observe(ns, name, uid, node, annotations[GPU_IDS])
+                if seen is not None:
+                    return seen, error
+            log.warning("bind outcome unknown, posting the Binding again" if sent
+                        else "Binding not sent, posting it again",
                         extra={"pod": f"{ns}/{name}", "node": node, "error": problem})
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.max_retry_delay)

@@ -44,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--bind-deadline", type=_positive_seconds, default=25.0,
                        help="answer a bind within this many seconds, even while its outcome is still being "
                             "found out; keep it below the scheduler's extender httpTimeout (default 25)")
+    serve.add_argument("--filter-first-choice", action=argparse.BooleanOptionalAction, default=True,
+                       help="filter answers only the node the extender would score highest, so "
+                            "kube-scheduler skips prioritize (one extender call per pod instead of two); "
+                            "--no-filter-first-choice answers every fitting node and lets the scheduler's "
+                            "scoring weigh them (default on)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--write-gpu-status", action="store_true",
                        help="keep GPU status.available / status.runningApps and GPUPool status totals in "
@@ -121,7 +126,7 @@ def serve(args: argparse.Namespace) -> int:
         defrag=args.defrag, defrag_replacement_timeout=args.defrag_replacement_timeout,
         autoscaler=autoscaler_config.from_args(args),
         capacity=capacity_config.from_args(args, lease_namespace=args.expansion_lease_namespace),
-        bind_deadline=args.bind_deadline,
+        bind_deadline=args.bind_deadline, filter_first_choice=args.filter_first_choice,
     )
     try:
         asyncio.run(_run(ExtenderService(api_client, settings)))

@@ -60,7 +60,8 @@ class Handlers:
                  unsynced: Callable[[], list[str]], observers: Sequence[FilterObserver] = (),
                  gate: Callable[[dict[str, Any]], str | None] | None = None,
                  fence: Callable[[dict[str, Any], FilterOutcome], FilterOutcome] | None = None,
-                 deadline: float = DEFAULT_DEADLINE, bind_deadline: float = DEFAULT_BIND_DEADLINE) -> None:
+                 deadline: float = DEFAULT_DEADLINE, bind_deadline: float = DEFAULT_BIND_DEADLINE,
+                 first_choice_only: bool = False) -> None:
         self.state = state
         self.binder = binder
         self.metrics = metrics
@@ -72,6 +73,8 @@ class Handlers:
         self.fence = fence
         self.deadline = deadline
         self.bind_deadline = bind_deadline
+        # filter answers only the node prioritize would score 10 (the scheduler then skips prioritize)
+        self.first_choice_only = first_choice_only
 
     def _not_ready(self) -> str | None:
         waiting = self.unsynced()
@@ -131,6 +134,8 @@ class Handlers:
                     log.exception("filter observer failed")
             if self.fence is not None:
                 outcome = self.fence(args.pod, outcome)
+            if self.first_choice_only:
+                outcome = self.state.first_choice(args.pod, outcome)
             if not outcome.fits and self.gate is not None and (reason := self.gate(args.pod)):
                 return _json(filter_error(reason).wire()), "waiting"
             result = filter_result(args, outcome.fits, outcome.failed, outcome.unresolvable,

@@ -75,6 +75,7 @@ class Settings:
     preemptor: bool = True
     deadline: float = DEFAULT_DEADLINE
     bind_deadline: float = DEFAULT_BIND_DEADLINE
+    filter_first_choice: bool = True
     shutdown_timeout: float = 15.0
     expansion: ExpansionConfig = field(default_factory=ExpansionConfig)
     gpu_status: StatusSettings | None = None  # --write-gpu-status
@@ -114,8 +115,8 @@ class ExtenderService:
         self.state = ClusterState(inventory=settings.inventory, max_pods_per_node=settings.max_pods_per_node,
                                   on_refused=self.distrusted)
         self.caches = build_caches(api_client, self.state, settings.inventory)
-        self.recorder = EventRecorder(api_client, COMPONENT)
         self.kube = AsyncKube.from_api_client(api_client)
+        self.recorder = EventRecorder(api_client, COMPONENT, kube=self.kube)
         pod_api = KubePodApi(self.kube)
         self.binder = Binder(self.state, self.caches["pods"], pod_api, self.recorder, self.metrics)
         self.preemptor = (Preemptor(self.state, pod_api, self.recorder, self.metrics)
@@ -151,6 +152,7 @@ class ExtenderService:
         self.handlers = Handlers(self.state, self.binder, self.metrics, unsynced=self.unsynced,
                                  observers=all_observers, deadline=settings.deadline,
                                  bind_deadline=settings.bind_deadline,
+                                 first_choice_only=settings.filter_first_choice,
                                  gate=self.preemptor.filter_gate if self.preemptor is not None else None,
                                  fence=self.defragmenter.restrict if self.defragmenter is not None else None)
         self.metrics.on_scrape(self.refresh_gauges)

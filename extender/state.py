@@ -12,8 +12,9 @@ stream of similar pods costs one dictionary lookup per node after the first.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
@@ -72,6 +73,7 @@ _VERDICT_CACHE_SHAPES = 64
 _CHANGE_LOG_SIZE = 100_000
 _SCORE_LEVELS = MAX_SCORE - MIN_FIT_SCORE + 1
 _LEDGER_POOL = "-"  # the pool does not change what a bound pod holds
+HOLD_SECONDS = 10.0  # a filter's first choice is held this long for the bind that should follow
 _VECTOR_MIN = 64  # this many nodes to judge at once: the columnar check (extender/columns.py) pays off
 
 
@@ -253,7 +255,8 @@ def _shape(request: GPURequest) -> tuple[object, ...]:
 
 class ClusterState:
     def __init__(self, *, inventory: InventorySource = InventorySource.AUTO, max_pods_per_node: int = 256,
-                 mode_override: str | None = None, on_refused: RefusalSink | None = None) -> None:
+                 mode_override: str | None = None, on_refused: RefusalSink | None = None,
+                 clock: Callable[[], float] = time.monotonic, hold_seconds: float = HOLD_SECONDS) -> None:
         override = parse_mode(mode_override)
         if mode_override and override is None:
             allowed = ", ".join(m.value for m in Mode)
@@ -280,6 +283,11 @@ class ClusterState:
         self._requests: dict[tuple[str, str, str | None], _Parsed | tuple[str, str]] = {}
         self._tables: OrderedDict[tuple[object, ...], _Table] = OrderedDict()
         self._columns = GPUColumns(self._slots, self._ledger.pods_on)
+        # Holds: GPUs of a filter's first choice, kept for the pod's bind (see first_choice).
+        self._clock = clock
+        self._hold_seconds = hold_seconds
+        self._holds: dict[str, Allocation] = {}
+        self._hold_queue: deque[tuple[float, Allocation]] = deque()
         self.vector_min = _VECTOR_MIN
 
     # --- events -----------------------------------------------------------------------------------
@@ -549,11 +557,20 @@ class ClusterState:
         return table
 
     def _held_node(self, pod: Mapping[str, Any]) -> str | None:
-        """The node of the pod's own reservation: its bind is in flight, or done and not yet watched."""
-        held = self._reservations.get(pod_uid(pod)) if self._reservations else None
-        return held[0].node if held is not None else None
+        """The node of the pod's own reservation (its bind is in flight, or done and not yet watched) or
+        of its hold (a filter chose that node, the bind has not come yet)."""
+        if not self._reservations and not self._holds:
+            return None
+        uid = pod_uid(pod)
+        held = self._reservations.get(uid)
+        if held is not None:
+            return held[0].node
+        hold = self._holds.get(uid)
+        return hold.node if hold is not None else None
 
     def filter(self, pod: dict[str, Any], node_names: Sequence[str]) -> FilterOutcome:
+        if self._hold_queue:
+            self._lapse_holds()
         if (held := self._held_node(pod)) is not None:
             # A scheduler retry of a pod whose bind is under way: only that node, so the retried bind joins
             # the one in flight instead of taking a second share elsewhere.
@@ -596,6 +613,27 @@ class ClusterState:
             scores[node_names.index(first)] = MAX_SCORE
         return list(zip(node_names, scores, strict=False))
 
+    def first_choice(self, pod: dict[str, Any], outcome: FilterOutcome, *,
+                     hold: bool = True) -> FilterOutcome:
+        """``outcome`` with the fitting nodes narrowed to the one prioritize would score 10 (the mode's
+        order, ties by name). With a single feasible node kube-scheduler skips scoring, so the pod costs
+        one extender call instead of two; the shipped weight makes that node the scheduler's choice anyway.
+        Being the scheduler's choice, its GPUs are held for the bind that follows (``hold``)."""
+        fits = outcome.fits
+        parsed = self._parse(pod, self._default_pool)
+        if not fits or isinstance(parsed, ContractError):
+            return outcome
+        if len(fits) > 1:
+            fit_load = self._verdicts_for(parsed, fits).fit_load
+            loads = list(map(fit_load.__getitem__, fits))
+            lowest_first = node_order_value(self.mode_for(parsed.request.pool), 1.0) > 0
+            best = min(loads) if lowest_first else max(loads)
+            outcome = FilterOutcome([min(compress(fits, map(best.__eq__, loads)))], outcome.failed,
+                                    outcome.unresolvable, outcome.error, outcome.capacity_only)
+        if hold:
+            self._hold(pod, parsed, outcome.fits[0])
+        return outcome
+
     def rank(self, pod: dict[str, Any], node_names: Sequence[str]) -> list[str]:
         """The fitting nodes in the mode's order (ties by name): the order prioritize scores."""
         parsed = self._parse(pod, self._default_pool)
@@ -613,6 +651,7 @@ class ClusterState:
         bound = self._ledger.bound(uid)
         if bound is not None:
             raise PlacementError(f"pod {key} already holds GPUs {','.join(bound.gpu_ids)} on {bound.node}")
+        self._take_hold(uid)  # the filter's hold for this bind: re-chosen below, with the same room free
         # A retry replaces the pod's earlier reservation, which is restored if the new one fails.
         previous = self._reservations.pop(uid, None)
         if previous is not None:
@@ -655,6 +694,42 @@ class ClusterState:
     def _drop_reserved_pod(self, uid: str) -> None:
         self._reservations.pop(uid, None)
         self._reserved_pods.pop(uid, None)
+        self._holds.pop(uid, None)
+
+    # --- holds ------------------------------------------------------------------------------------
+
+    def _hold(self, pod: dict[str, Any], parsed: _Parsed, node: str) -> None:
+        """Hold the GPUs the bind of ``pod`` on ``node`` would take, so that the filters of the pods
+        scheduled before that bind arrives do not count the same room free (kube-scheduler pipelines:
+        it filters the next pods while earlier binds are still on their way). The bind takes the hold
+        over; an unused hold lapses after ``hold_seconds``."""
+        uid = pod_uid(pod)
+        if uid in self._reservations or self._ledger.bound(uid) is not None:
+            return
+        previous = self._holds.pop(uid, None)
+        if previous is not None:
+            self._touch(self._ledger.release(previous))
+        verdict = evaluate(self._slots(node), parsed.request, self._ledger.pods_on(node), self._max_pods,
+                           parsed.demand)
+        if verdict.fit is not Fit.FITS:
+            return
+        gpu_ids = choose_gpus(verdict.fitting, parsed.request, self.mode_for(parsed.request.pool))
+        allocation = Allocation(uid, pod_key(pod), node, gpu_ids, parsed.request, pod_priority(pod))
+        self._holds[uid] = allocation
+        self._hold_queue.append((self._clock() + self._hold_seconds, allocation))
+        self._touch(self._ledger.reserve(allocation))
+
+    def _take_hold(self, uid: str) -> None:
+        allocation = self._holds.pop(uid, None)
+        if allocation is not None:
+            self._touch(self._ledger.release(allocation))
+
+    def _lapse_holds(self) -> None:
+        now, queue = self._clock(), self._hold_queue
+        while queue and queue[0][0] <= now:
+            _, allocation = queue.popleft()
+            if self._holds.get(allocation.uid) is allocation:
+                self._take_hold(allocation.uid)
 
     def pending_index_holder(self, node: str, index: int, pod_uid: str) -> str | None:
         on_node = self._pods_by_node.get(node, set())

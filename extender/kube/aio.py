@@ -29,6 +29,10 @@ class UnknownOutcome(Exception):
     """The request may or may not have taken effect (timeout, connection lost after sending)."""
 
 
+class NotSent(Exception):
+    """The request never left: no connection (refused, or none free in time). Safe to send again."""
+
+
 def ssl_context(configuration: client.Configuration) -> ssl.SSLContext | bool:
     """The TLS settings of ``configuration``: its CA, client certificate and verification choice."""
     if not str(configuration.host).startswith("https"):
@@ -81,8 +85,8 @@ class AsyncKube:
         """Send one request, answer its decoded JSON body.
 
         Raises ``ApiException`` for an answer other than 2xx, ``UnknownOutcome`` when the request was
-        sent but no answer came (a write may then have happened), and ``aiohttp.ClientError`` when it
-        could not be sent at all.
+        sent but no answer came (a write may then have happened), and ``NotSent`` when it could not be
+        sent at all.
         """
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         session = self._session_now()
@@ -97,8 +101,8 @@ class AsyncKube:
             ) as response:
                 raw = await response.read()
                 status, reason = response.status, response.reason
-        except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError):
-            raise  # never connected: nothing was sent
+        except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as exc:
+            raise NotSent(f"{method} {path}: not sent ({type(exc).__name__}: {exc})") from exc
         except (TimeoutError, aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError,
                 aiohttp.ClientOSError) as exc:
             raise UnknownOutcome(f"{method} {path}: no answer ({type(exc).__name__}: {exc})") from exc

@@ -21,6 +21,7 @@ from typing import Any
 
 from kubernetes import client
 
+from extender.kube.aio import AsyncKube
 from extender.kube.client import api_call, error_message, error_status, request_json
 from extender.kube.resources import EVENTS, collection_path, object_path
 
@@ -43,8 +44,10 @@ EventKey = tuple[str, str, str, str, str]
 
 class EventRecorder:
     def __init__(self, api_client: client.ApiClient, component: str, *, window: float = 60.0,
-                 max_queued: int = 1000, clock: Callable[[], float] = time.monotonic) -> None:
+                 max_queued: int = 1000, clock: Callable[[], float] = time.monotonic,
+                 kube: AsyncKube | None = None) -> None:
         self.api_client = api_client
+        self.kube = kube  # when given, events go out on the event loop instead of the thread pool
         self.component = component
         self.window = window
         self._clock = clock
@@ -100,17 +103,23 @@ class EventRecorder:
             earlier.last_sent = now
             patch = {"count": earlier.count, "lastTimestamp": stamp}
             try:
-                await api_call(request_json, self.api_client, "PATCH",
-                               object_path(EVENTS, earlier.name, earlier.namespace), body=patch,
-                               content_type="application/merge-patch+json")
+                await self._request("PATCH", object_path(EVENTS, earlier.name, earlier.namespace), patch,
+                                    "application/merge-patch+json")
                 return
             except Exception as exc:
                 if error_status(exc) != 404:
                     raise
         body = self.event_body(involved, reason, message, type_, stamp)
         namespace = body["metadata"]["namespace"]
-        await api_call(request_json, self.api_client, "POST", collection_path(EVENTS, namespace), body=body)
+        await self._request("POST", collection_path(EVENTS, namespace), body)
         self._posted[key] = _Posted(body["metadata"]["name"], namespace, 1, stamp, now)
+
+    async def _request(self, method: str, path: str, body: Any,
+                       content_type: str = "application/json") -> None:
+        if self.kube is not None:
+            await self.kube.request(method, path, body=body, content_type=content_type)
+        else:
+            await api_call(request_json, self.api_client, method, path, body=body, content_type=content_type)
 
     def event_body(self, involved: dict[str, str], reason: str, message: str, type_: str,
                    stamp: str) -> dict[str, Any]:

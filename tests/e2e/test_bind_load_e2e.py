@@ -13,19 +13,18 @@ import re
 import ssl
 import time
 import urllib.request
-import uuid
 
 import pytest
 from kubernetes import client
 
 from . import controlplane as cpl
 from .starve import starved
-from .test_burst_e2e import GPU_TFLOPS, GPU_VRAM_GI, GPUS_PER_NODE, NODES, PODS, _burst, _check_placements
+from .test_burst_e2e import PODS, _burst, _check_placements, make_exact_capacity
 
 pytestmark = pytest.mark.e2e
 
 STARVE_SECONDS = 240  # the longest the busy loops may run; they stop as soon as the backlog is placed
-LOOP_NICENESS = int(os.environ.get("TF_E2E_STARVE_NICE", "0"))
+LOOP_NICENESS = int(os.environ.get("TF_E2E_STARVE_NICE", "0"))  # of the busy loops
 MAX_FAILED_SHARE = 0.01
 
 
@@ -51,17 +50,7 @@ def test_a_backlog_meets_a_restarted_extender_on_a_starved_api_server(
         api_client, control_plane, kube_scheduler, gpu_cluster, extender_runner, namespace, make_pool,
         make_node, make_gpu):
     pool = make_pool()
-    group = uuid.uuid4().hex[:6]
-    gpus: dict[str, str] = {}
-    for n in range(NODES):
-        node = f"backlog-{group}-{n}"
-        for i in range(GPUS_PER_NODE):
-            make_gpu(f"{node}-gpu-{i}", node, pool=pool, index=i, tflops=str(GPU_TFLOPS),
-                     vram=f"{GPU_VRAM_GI}Gi")
-            gpus[f"{node}-gpu-{i}"] = node
-        make_node(node)
-    for node in set(gpus.values()):
-        extender_runner.wait_node_allocated(node, 0)
+    gpus = make_exact_capacity(pool, "backlog", make_node, make_gpu, extender_runner)
     core = client.CoreV1Api(api_client)
 
     extender_runner.kill()

@@ -66,14 +66,12 @@ def _check_placements(core: client.CoreV1Api, namespace: str, gpus: dict[str, st
     assert sorted(holders) == sorted(gpus) and set(holders.values()) == {GPU_TFLOPS // POD_TFLOPS}
 
 
-@pytest.mark.parametrize("crash", [False, True], ids=["steady", "extender-killed-midway"])
-def test_burst_fills_exact_capacity_without_overcommit(api_client, gpu_cluster, extender, namespace,
-                                                       make_pool, make_node, make_gpu, crash):
-    pool = make_pool()
+def make_exact_capacity(pool: str, prefix: str, make_node, make_gpu, extender) -> dict[str, str]:
+    """NODES nodes of GPUS_PER_NODE GPUs in ``pool``, known to the extender; GPU name -> node."""
     group = uuid.uuid4().hex[:6]
     gpus: dict[str, str] = {}
     for n in range(NODES):
-        node = f"burst-{group}-{n}"
+        node = f"{prefix}-{group}-{n}"
         for i in range(GPUS_PER_NODE):
             make_gpu(f"{node}-gpu-{i}", node, pool=pool, index=i, tflops=str(GPU_TFLOPS),
                      vram=f"{GPU_VRAM_GI}Gi")
@@ -81,6 +79,14 @@ def test_burst_fills_exact_capacity_without_overcommit(api_client, gpu_cluster, 
         make_node(node)
     for node in set(gpus.values()):
         extender.wait_node_allocated(node, 0)
+    return gpus
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["steady", "extender-killed-midway"])
+def test_burst_fills_exact_capacity_without_overcommit(api_client, gpu_cluster, extender, namespace,
+                                                       make_pool, make_node, make_gpu, crash):
+    pool = make_pool()
+    gpus = make_exact_capacity(pool, "burst", make_node, make_gpu, extender)
     core = client.CoreV1Api(api_client)
 
     started, placed_at_crash = time.monotonic(), 0

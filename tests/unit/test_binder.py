@@ -11,7 +11,7 @@ from kubernetes.client import ApiException
 
 from extender.binder import Binder, bind_annotations, describe_allocation
 from extender.contract import ALLOCATED, GPU_IDS, POD_INDEX, GPURequest
-from extender.kube.aio import UnknownOutcome
+from extender.kube.aio import NotSent, UnknownOutcome
 from extender.protocol import ExtenderBindingArgs
 from extender.state import ClusterState, Kind
 
@@ -169,6 +169,14 @@ async def test_an_unknown_outcome_keeps_the_reservation_and_posts_again_until_kn
     assert await task == ""
     assert [c[0] for c in api.calls] == ["bind", "get", "bind", "get", "bind"]
     assert api.calls[0] == api.calls[2] == api.calls[4]  # the same Binding each time
+    await binder.drain()
+
+
+async def test_a_binding_not_sent_is_posted_again_without_a_read() -> None:
+    _, api, _, binder = setup(pod("a", "u1"))
+    api.fail_next["bind"] = [NotSent("no connection free in time")]
+    assert await binder.bind(args("a", "u1")) == ""
+    assert [c[0] for c in api.calls] == ["bind", "bind"]
     await binder.drain()
 
 

@@ -7,13 +7,12 @@ import asyncio
 import socket
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from kubernetes import client
 
-from extender.kube.aio import AsyncKube, UnknownOutcome
+from extender.kube.aio import AsyncKube, NotSent, UnknownOutcome
 from extender.kube.client import ApiException, error_message, error_status
 from extender.kube.pods import KubePodApi
 
@@ -109,7 +108,7 @@ async def test_a_refused_connection_is_not_an_unknown_outcome() -> None:
         port = probe.getsockname()[1]
     kube = AsyncKube(configuration(f"http://127.0.0.1:{port}"))
     try:
-        with pytest.raises(aiohttp.ClientConnectorError):
+        with pytest.raises(NotSent):
             await kube.request("GET", "/api/v1/namespaces/ml/pods/a", timeout=1)
     finally:
         await kube.close()
@@ -131,3 +130,28 @@ async def test_requests_share_one_keep_alive_connection() -> None:
         await kube.close()
         await server.close()
     assert len(peers) == 1
+
+
+async def test_events_go_out_through_the_async_client() -> None:
+    from extender.kube.events import EventRecorder
+
+    posted: list[tuple[str, str]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        body = await request.json()
+        posted.append((request.path, body["reason"]))
+        return web.json_response(body, status=201)
+
+    server = await serve(handler)
+    kube = AsyncKube(configuration(str(server.make_url("")).rstrip("/")))
+    recorder = EventRecorder(client.ApiClient(), "tf-extender", kube=kube)
+    await recorder.start()
+    try:
+        recorder.record({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a", "namespace": "ml",
+                                                                          "uid": "u1"}},
+                        "GPUDeviceAllocated", "allocated GPU g1 on node n1")
+        await recorder.stop()
+    finally:
+        await kube.close()
+        await server.close()
+    assert posted == [("/api/v1/namespaces/ml/events", "GPUDeviceAllocated")]

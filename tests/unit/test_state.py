@@ -490,3 +490,36 @@ def test_later_updates_of_a_bound_pod_with_the_same_record_are_not_findings() ->
     for rv in ("2", "3"):  # bound, then Running: the same record twice
         state.apply(Kind.POD, "MODIFIED", bound("a", "n1", "g1", tflops="80", annotations=recorded, rv=rv))
     assert found == [] and used(state, "g1")[0] == 80.0
+
+
+@pytest.mark.parametrize("mode", ["CompactFirst", "LowLoadFirst", "NodeCompactGPULowLoad"])
+def test_first_choice_is_the_node_prioritize_scores_ten(mode: str) -> None:
+    state = make(gpu("g1", "n1"), gpu("g2", "n2"), gpu("g3", "n3"), gpu("g4", "n4"), mode_override=mode)
+    state.apply(Kind.POD, "ADDED", bound("busy", "n2", "g2", "30"))
+    state.apply(Kind.POD, "ADDED", bound("busier", "n3", "g3", "50"))
+    asked = pod("a", "10")
+    outcome = state.filter(asked, ["n4", "n3", "n2", "n1"])
+    narrowed = state.first_choice(asked, outcome, hold=False)
+    top = [n for n, score in state.prioritize(asked, outcome.fits) if score == 10]
+    assert narrowed.fits == top and len(top) == 1
+    assert narrowed.fits == (["n1"] if mode == "LowLoadFirst" else ["n3"])  # n1, n4 tie: by name
+    assert state.first_choice(asked, state.filter(asked, ["n2"]), hold=False).fits == ["n2"]
+
+
+def test_the_first_choice_is_held_for_the_bind_and_lapses_unused() -> None:
+    now = [0.0]
+    state = make(gpu("g1", "n1"), clock=lambda: now[0], hold_seconds=10)
+    first, second = pod("a", "60"), pod("b", "60")
+    assert state.first_choice(first, state.filter(first, ["n1"])).fits == ["n1"]
+    # the next pod, filtered before the first one's bind arrives, no longer sees that room
+    assert state.filter(second, ["n1"]).fits == []
+    assert state.filter(first, ["n1"]).fits == ["n1"]  # the first pod itself still does
+    reservation = state.reserve(first, "n1")  # the bind takes the hold over
+    assert reservation.gpu_ids == ("g1",) and used(state, "g1") == (60, 4 * GIB)
+    state.release(reservation)
+    assert state.filter(second, ["n1"]).fits == ["n1"]
+    state.first_choice(second, state.filter(second, ["n1"]))
+    assert state.filter(first, ["n1"]).fits == []
+    now[0] = 10.5  # no bind came: the hold lapses
+    assert state.filter(first, ["n1"]).fits == ["n1"]
+    assert used(state, "g1") == (0, 0)

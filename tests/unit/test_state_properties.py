@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from fractions import Fraction
 from typing import Any
 
@@ -274,3 +275,45 @@ def test_the_columnar_fit_check_agrees_with_the_per_node_check(
         asked = pod(100 + number, {**wanted, **pin}, 1)
         assert vector.filter(asked, nodes) == per_node.filter(asked, nodes)
         assert vector.prioritize(asked, nodes) == per_node.prioritize(asked, nodes)
+        # filter's first choice is the one node prioritize scores 10
+        outcome = vector.filter(asked, nodes)
+        top = [n for n, score in vector.prioritize(asked, outcome.fits) if score == 10]
+        assert vector.first_choice(asked, outcome, hold=False).fits == (top if outcome.fits else [])
+
+
+hold_operations = st.lists(
+    st.tuples(st.sampled_from(["filter", "filter", "bind", "release", "lapse"]), st.integers(0, 5),
+              st.integers(0, 2)),
+    max_size=30,
+)
+
+
+@PROPERTY_SETTINGS
+@given(clusters, st.lists(requests, min_size=1, max_size=4), hold_operations)
+def test_holds_of_first_choices_never_overcommit_and_lapse_to_nothing(
+    cluster: list[dict[str, Any]], reqs: list[dict[str, str]], ops: list[tuple[str, int, int]]
+) -> None:
+    now = [0.0]
+    state = ClusterState(clock=lambda: now[0], hold_seconds=10)
+    for obj in cluster:
+        state.apply(Kind.GPU, "ADDED", obj)
+    capacity = capacity_of(cluster)
+    nodes = sorted({g["status"]["nodeSelector"]["kubernetes.io/hostname"] for g in cluster})
+    reservations: dict[int, Reservation] = {}
+    for op, number, node_number in ops:
+        asked = pod(number, reqs[number % len(reqs)], 1)
+        if op == "filter":
+            state.first_choice(asked, state.filter(asked, nodes))
+        elif op == "bind" and number not in reservations:
+            with contextlib.suppress(PlacementError):
+                reservations[number] = state.reserve(asked, nodes[node_number % len(nodes)])
+        elif op == "release" and number in reservations:
+            state.release(reservations.pop(number))
+        elif op == "lapse":
+            now[0] += 11
+        assert_within_capacity(state, capacity)
+    for reservation in reservations.values():
+        state.release(reservation)
+    now[0] += 11
+    state.filter(pod(99, reqs[0], 1), nodes)  # lapses what is left
+    assert all(t == 0 and v == 0 for t, v in state.gpu_usage().values())
