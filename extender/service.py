@@ -149,6 +149,8 @@ class ExtenderService:
             all_observers.append(self.preemptor.consider)
         if self.expander is not None:
             all_observers.append(self.expander.observe)
+        if self.capacity is not None:
+            all_observers.append(self.capacity.observe)
         self.handlers = Handlers(self.state, self.binder, self.metrics, unsynced=self.unsynced,
                                  observers=all_observers, deadline=settings.deadline,
                                  bind_deadline=settings.bind_deadline,

@@ -7,12 +7,16 @@ import contextlib
 import datetime as dt
 import logging
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
+from extender.capacity.pool import ProvisioningMode, pool_config
+from extender.contract import GPU_POOL
 from extender.expansion.lease import LeaseKeeper
 from extender.kube.client import error_message
 from extender.kube.events import EventRecorder
@@ -22,9 +26,11 @@ from extender.lifecycle.config import CapacityConfig
 from extender.lifecycle.live import KubePort, LiveView, ObjectStore, cancel, run_caches
 from extender.lifecycle.provisioner import Provisioner, ProvisionerMetrics
 from extender.plan import Action
-from extender.state import ClusterState
+from extender.state import ClusterState, FilterOutcome
 
 log = logging.getLogger(__name__)
+
+DEMAND_WAKE_SECONDS = 2.0
 
 
 class CapacityControllers:
@@ -44,6 +50,7 @@ class CapacityControllers:
             duration_seconds=config.lease_duration_seconds, renew_seconds=config.lease_renew_seconds)
         self._ready = ready
         self._wake: asyncio.Event | None = None
+        self._demand_woken = -DEMAND_WAKE_SECONDS
 
     @property
     def caches(self) -> Sequence[WatchCache]:
@@ -52,6 +59,20 @@ class CapacityControllers:
     def wake(self) -> None:
         if self._wake is not None:
             self._wake.set()
+
+    def observe(self, pod: dict[str, Any], outcome: FilterOutcome) -> None:
+        """A filter observer: a GPU pod of a Karpenter-mode pool that fits nowhere is demand, so the
+        provisioner reconciles now rather than at its next interval (at most every few seconds)."""
+        if outcome.error or outcome.fits:
+            return
+        pool = str(((pod.get("metadata") or {}).get("annotations") or {}).get(GPU_POOL) or "")
+        obj = self.view.pools.get(pool) if pool else None
+        if obj is None or pool_config(obj).mode is not ProvisioningMode.KARPENTER:
+            return
+        now = time.monotonic()
+        if now - self._demand_woken >= DEMAND_WAKE_SECONDS:
+            self._demand_woken = now
+            self.wake()
 
     async def _loop(self, name: str, reconcile: Callable[[dt.datetime], Awaitable[list[Action]]],
                     wake: asyncio.Event | None) -> None:

@@ -261,6 +261,18 @@ def test_filling_past_warm_adds_a_node_and_emptying_removes_the_surplus(api_clie
     assert stays(lambda: len(claims.nodes(pool)) == 1 and len(claims.gpunodeclaims(pool)) == 1, 8)
 
 
+def test_a_pending_pod_is_demand_a_pool_without_targets_grows_for_it(api_client, capacity, make_pool, claims,
+                                                                    namespace):
+    pool = make_pool(instance_types=("gpu-a100-1", "gpu-a100-4"))
+    assert stays(lambda: not claims.gpunodeclaims(pool), 3)  # no targets: nothing bought ahead of time
+    cpl.create_pod(api_client, namespace, cpl.gpu_pod_body("needs-one", pool=pool, tflops="100", vram="10Gi"))
+    (claim,) = cpl.wait_until(lambda: claims.bound(pool, 1), 120, interval=0.5, what="a node for the pod")
+    assert claim["spec"]["instanceType"] == "gpu-a100-1"  # the cheapest that holds it
+    placed = cpl.wait_for_pod_bound(api_client, namespace, "needs-one", timeout=60)
+    assert placed.spec.node_name == claim["spec"]["nodeName"]
+    assert stays(lambda: len(claims.gpunodeclaims(pool)) == 1, 5)  # and only one
+
+
 def test_a_nodeclaim_never_takes_the_pool_past_max_resources(api_client, capacity, make_pool, claims):
     pool = make_pool(min_tflops=5 * A100, max_tflops=2 * A100)
     cpl.wait_until(lambda: claims.bound(pool, 2), 120, interval=0.5, what="the capped launches")

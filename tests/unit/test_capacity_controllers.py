@@ -395,13 +395,23 @@ async def test_a_released_node_no_longer_counts_before_the_caches_catch_up(catal
     port = FakePort()
     pool = karpenter_pool(warmResources={"tflops": 50})
     claims = [
-        {"kind": "GPUNodeClaim", "metadata": {"name": n, "labels": {"tensor-fusion.ai/gpupool": "kp"}},
-         "spec": {}, "status": {"phase": "Bound"}}
+        {
+            "kind": "GPUNodeClaim",
+            "metadata": {"name": n, "labels": {"tensor-fusion.ai/gpupool": "kp"}},
+            "spec": {},
+            "status": {"phase": "Bound"},
+        }
         for n in ("kp-1", "kp-2")
     ]
     nodeclaims = [{"metadata": {"name": f"kp-{i}"}, "status": {"nodeName": f"n{i}"}} for i in (1, 2)]
-    view = view_of(port, [pool], nodes=[gfd_node("n1", "kp"), gfd_node("n2", "kp")], claims=claims,
-                   nodeclaims=nodeclaims, tmp_catalog=catalog_file)
+    view = view_of(
+        port,
+        [pool],
+        nodes=[gfd_node("n1", "kp"), gfd_node("n2", "kp")],
+        claims=claims,
+        nodeclaims=nodeclaims,
+        tmp_catalog=catalog_file,
+    )
     compactor = Compactor(view, port, CompactorMetrics(CollectorRegistry()), 60)  # type: ignore[arg-type]
     first = await compactor.reconcile(NOW)
     assert [a.action for a in first] == ["release"]
@@ -409,3 +419,35 @@ async def test_a_released_node_no_longer_counts_before_the_caches_catch_up(catal
     assert await compactor.reconcile(later) == []
     # and the provisioner sees the gap the release leaves only once the node is really gone
     assert view.leaving() == {first[0].node}
+
+
+async def test_a_pod_of_a_karpenter_pool_that_fits_nowhere_wakes_the_provisioner() -> None:
+    from extender.lifecycle.controllers import CapacityControllers
+    from extender.state import FilterOutcome
+
+    async def ready() -> None:
+        return None
+
+    pools = Store([karpenter_pool(), autoselect_pool()])
+    controllers = CapacityControllers(
+        CapacityConfig(),
+        None,
+        ClusterState(),
+        nodes=Store(),
+        pools=pools,  # type: ignore[arg-type]
+        pods=Store(),
+        recorder=None,
+        registry=CollectorRegistry(),  # type: ignore[arg-type]
+        ready=ready,
+    )
+    controllers._wake = asyncio.Event()
+    nowhere = FilterOutcome([], {"n1": "full"}, {}, None, True)
+
+    def pod(pool: str) -> dict[str, Any]:
+        return {"metadata": {"annotations": {"tensor-fusion.ai/gpupool": pool}}}
+
+    controllers.observe(pod("auto"), nowhere)  # AutoSelect: node expansion's business
+    controllers.observe(pod("kp"), FilterOutcome(["n1"], {}, {}, None, False))  # it fits
+    assert not controllers._wake.is_set()
+    controllers.observe(pod("kp"), nowhere)
+    assert controllers._wake.is_set()
