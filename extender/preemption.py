@@ -11,7 +11,7 @@ Finding the true minimum is a bin-packing search, so the choice is a bounded heu
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from extender.contract import GPURequest
@@ -48,11 +48,16 @@ def _fits_without(slots: Sequence[Slot], request: GPURequest, pods_on_node: int,
 
 
 def choose_victims(slots: Sequence[Slot], request: GPURequest, pods_on_node: int, max_pods: int,
-                   candidates: Sequence[Candidate]) -> list[Candidate] | None:
-    """Victims (lowest priority first) whose release makes the pod fit, or None when none exist."""
+                   candidates: Sequence[Candidate],
+                   protected: Callable[[Candidate], bool] | None = None) -> list[Candidate] | None:
+    """Victims (lowest priority first) whose release makes the pod fit, or None when none exist. Pods for
+    which ``protected`` holds (a PodDisruptionBudget allows no disruption of them) are taken last and
+    spared first, so a set that breaks no budget is chosen whenever one exists."""
     if _fits_without(slots, request, pods_on_node, max_pods, ()):
         return []
-    ordered = sorted(candidates, key=lambda c: (c.priority, c.allocation.pod_key, c.allocation.uid))
+    guarded = {id(c) for c in candidates if protected is not None and protected(c)}
+    ordered = sorted(candidates, key=lambda c: (id(c) in guarded, c.priority, c.allocation.pod_key,
+                                                c.allocation.uid))
     for victim in ordered:
         if _fits_without(slots, request, pods_on_node, max_pods, (victim,)):
             return [victim]
@@ -63,7 +68,7 @@ def choose_victims(slots: Sequence[Slot], request: GPURequest, pods_on_node: int
             break
     else:
         return None
-    for victim in sorted(released, key=lambda c: (-c.priority, c.allocation.pod_key)):
+    for victim in sorted(released, key=lambda c: (id(c) not in guarded, -c.priority, c.allocation.pod_key)):
         trial = [c for c in released if c is not victim]
         if _fits_without(slots, request, pods_on_node, max_pods, trial):
             released = trial

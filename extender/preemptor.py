@@ -3,7 +3,11 @@
 kube-scheduler only asks an extender to refine victims on nodes where its own filters found some;
 a pod that fails only on GPU capacity never gets there. So when filter finds no node for a pod that
 may preempt, this worker asks the core for a node and the fewest lower-priority GPU pods whose
-release makes room, and deletes them. The scheduler retries the pod once they are gone.
+release makes room, and evicts them. The scheduler retries the pod once they are gone.
+
+PodDisruptionBudgets: the core prefers victim sets that break no budget (extender/pdb.py), and victims are
+evicted through the Eviction API, so the API server refuses an eviction a budget does not allow (the pod
+then waits, and a later retry may find another set or the budget's room).
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ class VictimLike(Protocol):
 
 
 class PreemptState(Protocol):
-    def find_preemption(self, pod: dict[str, Any]) -> tuple[str, Sequence[VictimLike]] | None: ...
+    def find_preemption(self, pod: dict[str, Any],
+                        pdb: Any = None) -> tuple[str, Sequence[VictimLike]] | None: ...
     def holds(self, uid: str) -> bool: ...
 
 
@@ -64,8 +69,9 @@ def _uid(pod: dict[str, Any]) -> str:
 
 class Preemptor:
     def __init__(self, state: PreemptState, api: PodApi, events: EventSink, metrics: Metrics | None = None,
-                 *, max_remembered: int = 10_000) -> None:
+                 *, max_remembered: int = 10_000, pdb: Any = None) -> None:
         self.state = state
+        self.pdb = pdb  # a PdbCheck (extender/pdb.py), or None to ignore PodDisruptionBudgets
         self.api = api
         self.events = events
         self.metrics = metrics
@@ -113,20 +119,20 @@ class Preemptor:
         if waiting:
             return f"waiting for preempted GPU pods {', '.join(waiting)} to terminate"
         if _key(pod) in self._pending:
-            choice = self.state.find_preemption(pod)
+            choice = self.state.find_preemption(pod, self.pdb)
             if choice is not None and choice[1]:
                 names = ", ".join(f"{v.namespace}/{v.name}" for v in choice[1])
                 return f"preempting lower-priority GPU pods {names} on node {choice[0]}"
         return None
 
     async def preempt_for(self, pod: dict[str, Any]) -> list[str]:
-        """Delete the victims the core chooses for ``pod``; returns the deleted pods' keys."""
+        """Evict the victims the core chooses for ``pod``; returns the evicted pods' keys."""
         if self.state.holds(_uid(pod)):
             return []  # a stale queue entry: the pod has been placed (or is being bound) meanwhile
         if self.waiting_on(pod):
             return []  # earlier victims are still terminating: their release may be all the pod needs
         self._deleted.pop(_uid(pod), None)
-        choice = self.state.find_preemption(pod)
+        choice = self.state.find_preemption(pod, self.pdb)
         if choice is None:
             return []
         node, victims = choice
@@ -144,27 +150,36 @@ class Preemptor:
             self._deleted.popitem(last=False)
         names = ", ".join(f"{v.namespace}/{v.name}" for v in victims)
         self.events.record(pod, "PreemptingGPUPods",
-                           f"deleting lower-priority GPU pods {names} on node {node} to free GPU capacity")
+                           f"evicting lower-priority GPU pods {names} on node {node} to free GPU capacity")
         deleted = []
         for victim in victims:
             victim_ref = {"apiVersion": "v1", "kind": "Pod",
                           "metadata": {"name": victim.name, "namespace": victim.namespace, "uid": victim.uid}}
             try:
-                await self.api.delete(victim.namespace, victim.name, victim.uid)
+                await self.api.evict(victim.namespace, victim.name, victim.uid)
             except Exception as exc:
-                if error_status(exc) in (404, 409):  # already gone, or replaced by a new pod
+                status = error_status(exc)
+                if status in (404, 409):  # already gone, or replaced by a new pod
                     continue
-                log.warning("could not delete victim", extra={"pod": _key(pod), "error": error_message(exc),
-                                                             "victim": f"{victim.namespace}/{victim.name}"})
                 done.discard(victim_set)  # let a later retry try again
+                victim_key = f"{victim.namespace}/{victim.name}"
+                if status == 429:  # a PodDisruptionBudget does not allow it now
+                    log.info("eviction refused by a PodDisruptionBudget",
+                             extra={"pod": _key(pod), "victim": victim_key, "error": error_message(exc)})
+                    self.events.record(pod, "PreemptionBlockedByPDB",
+                                       f"a PodDisruptionBudget does not allow evicting {victim_key} now",
+                                       "Warning")
+                else:
+                    log.warning("could not evict victim",
+                                extra={"pod": _key(pod), "error": error_message(exc), "victim": victim_key})
                 if self.metrics is not None:
-                    self.metrics.preemptions.labels("error").inc()
+                    self.metrics.preemptions.labels("blocked" if status == 429 else "error").inc()
                 continue
             deleted.append(f"{victim.namespace}/{victim.name}")
             gone_for_pod[victim.uid] = f"{victim.namespace}/{victim.name}"
             self.events.record(victim_ref, "Preempted",
                                f"Preempted by {_key(pod)} on node {node} to free GPU capacity", "Warning")
             if self.metrics is not None:
-                self.metrics.preemptions.labels("deleted").inc()
+                self.metrics.preemptions.labels("evicted").inc()
         log.info("preempted", extra={"pod": _key(pod), "node": node, "victims": deleted})
         return deleted

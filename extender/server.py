@@ -33,7 +33,7 @@ from extender.protocol import (
     filter_result,
     host_priority_list,
 )
-from extender.state import ClusterState, FilterOutcome
+from extender.state import ClusterState, FilterOutcome, PdbCheck
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,9 @@ class Handlers:
                  gate: Callable[[dict[str, Any]], str | None] | None = None,
                  fence: Callable[[dict[str, Any], FilterOutcome], FilterOutcome] | None = None,
                  deadline: float = DEFAULT_DEADLINE, bind_deadline: float = DEFAULT_BIND_DEADLINE,
-                 first_choice_only: bool = False) -> None:
+                 first_choice_only: bool = False, pdb: PdbCheck | None = None) -> None:
         self.state = state
+        self.pdb = pdb  # PodDisruptionBudgets for the preempt verb's victims and NumPDBViolations
         self.binder = binder
         self.metrics = metrics
         self.unsynced = unsynced
@@ -186,9 +187,11 @@ class Handlers:
                 return _json(ExtenderPreemptionResult(error=str(exc)).wire()), "bad_request"
             if (problem := self._not_ready()) is not None:
                 return _json(ExtenderPreemptionResult(error=problem).wire()), "not_ready"
-            options = self.state.preempt(args.pod, args.candidate_names())
+            options = self.state.preempt(args.pod, args.candidate_names(), self.pdb)
+            pdb = self.pdb
             result = ExtenderPreemptionResult(node_to_meta_victims={
-                node: MetaVictims(pods=[MetaPod(uid=v.uid) for v in victims], num_pdb_violations=0)
+                node: MetaVictims(pods=[MetaPod(uid=v.uid) for v in victims], num_pdb_violations=(
+                    pdb.violations([f"{v.namespace}/{v.name}" for v in victims]) if pdb is not None else 0))
                 for node, victims in options.items()
             })
             return _json(result.wire()), "ok"

@@ -44,6 +44,7 @@ from extender.ledger import Allocation, Distrust
 from extender.lifecycle.config import CapacityConfig
 from extender.lifecycle.controllers import CapacityControllers
 from extender.metrics import Metrics, NodeUse, PoolUse
+from extender.pdb import PdbGuard
 from extender.preemptor import Preemptor
 from extender.reservations import ReservationKeeper
 from extender.server import (
@@ -119,7 +120,13 @@ class ExtenderService:
         self.recorder = EventRecorder(api_client, COMPONENT, kube=self.kube)
         pod_api = KubePodApi(self.kube)
         self.binder = Binder(self.state, self.caches["pods"], pod_api, self.recorder, self.metrics)
-        self.preemptor = (Preemptor(self.state, pod_api, self.recorder, self.metrics)
+        self.pdb: PdbGuard | None = None
+        if settings.preemptor:
+            # PodDisruptionBudgets, for the choice of victims (the Eviction API enforces them as well)
+            self.caches["poddisruptionbudgets"] = WatchCache(api_client, resources.PDBS,
+                                                             name="poddisruptionbudgets", optional=True)
+            self.pdb = PdbGuard(self.caches["pods"], self.caches["poddisruptionbudgets"])
+        self.preemptor = (Preemptor(self.state, pod_api, self.recorder, self.metrics, pdb=self.pdb)
                           if settings.preemptor else None)
         self.expander = (kube_expander(settings.expansion, api_client, self.state, self.recorder,
                                        self.metrics.registry) if settings.expansion.enabled else None)
@@ -156,7 +163,8 @@ class ExtenderService:
                                  bind_deadline=settings.bind_deadline,
                                  first_choice_only=settings.filter_first_choice,
                                  gate=self.preemptor.filter_gate if self.preemptor is not None else None,
-                                 fence=self.defragmenter.restrict if self.defragmenter is not None else None)
+                                 fence=self.defragmenter.restrict if self.defragmenter is not None else None,
+                                 pdb=self.pdb)
         self.metrics.on_scrape(self.refresh_gauges)
         self.metrics.registry.register(StrandedCollector(self.caches["pods"], self.caches["nodes"]))
 

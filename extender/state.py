@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
 from itertools import compress, filterfalse, repeat
-from typing import Any
+from typing import Any, Protocol
 
 from extender.columns import GPUColumns
 from extender.contract import (
@@ -89,6 +89,13 @@ class InventorySource(StrEnum):
     GPU_OBJECTS = "gpu-objects"
     NODE_LABELS = "node-labels"
     AUTO = "auto"  # GPU objects for nodes that have them, GFD labels otherwise
+
+
+class PdbCheck(Protocol):
+    """PodDisruptionBudgets as preemption sees them (extender/pdb.py)."""
+
+    def protected(self, pod_key: str) -> bool: ...
+    def violations(self, pod_keys: Sequence[str]) -> int: ...
 
 
 class PlacementError(Exception):
@@ -742,7 +749,8 @@ class ClusterState:
 
     # --- preemption -------------------------------------------------------------------------------
 
-    def _victims(self, node: str, request: GPURequest, priority: int, uid: str) -> list[Victim] | None:
+    def _victims(self, node: str, request: GPURequest, priority: int, uid: str,
+                 pdb: PdbCheck | None = None) -> list[Victim] | None:
         slots = self._slots(node)
         pods = self._ledger.pods_on(node)
         if not slots or evaluate(slots, request, pods, self._max_pods).fit is Fit.UNRESOLVABLE:
@@ -752,7 +760,8 @@ class ClusterState:
             for a in self._ledger.allocations_on(node)
             if a.priority < priority and a.uid != uid and self._ledger.bound(a.uid) is a
         ]
-        chosen = choose_victims(slots, request, pods, self._max_pods, candidates)
+        protected = (lambda c: pdb.protected(c.allocation.pod_key)) if pdb is not None else None
+        chosen = choose_victims(slots, request, pods, self._max_pods, candidates, protected)
         if chosen is None:
             return None
         out = []
@@ -761,13 +770,16 @@ class ClusterState:
             out.append(Victim(victim.allocation.uid, namespace, name, victim.priority))
         return out
 
-    def preempt(self, pod: dict[str, Any], nodes: Sequence[str]) -> dict[str, list[Victim]]:
+    def preempt(self, pod: dict[str, Any], nodes: Sequence[str],
+                pdb: PdbCheck | None = None) -> dict[str, list[Victim]]:
+        """Per node, the victims whose release lets the pod fit; with ``pdb``, pods a PodDisruptionBudget
+        protects are chosen only when no other set will do."""
         parsed = self._parse(pod, self._default_pool)
         if isinstance(parsed, ContractError):
             return {}
         out: dict[str, list[Victim]] = {}
         for node in nodes:
-            victims = self._victims(node, parsed.request, pod_priority(pod), pod_uid(pod))
+            victims = self._victims(node, parsed.request, pod_priority(pod), pod_uid(pod), pdb)
             if victims is not None:
                 out[node] = victims
         return out
@@ -776,17 +788,24 @@ class ClusterState:
         """Whether the pod still holds GPU capacity (bound, reserved, or terminating but not gone)."""
         return self._ledger.allocation(uid) is not None
 
-    def find_preemption(self, pod: dict[str, Any]) -> tuple[str, list[Victim]] | None:
+    def find_preemption(self, pod: dict[str, Any],
+                        pdb: PdbCheck | None = None) -> tuple[str, list[Victim]] | None:
+        """The node and victims to preempt for: the fewest PodDisruptionBudget violations, then the fewest
+        victims, then the lowest highest priority among them, then the node name."""
         parsed = self._parse(pod, self._default_pool)
         if isinstance(parsed, ContractError):
             return None
         pool = parsed.request.pool
         nodes = [n for n in self.nodes() if pool in self._loads.get(n, {})]
-        options = self.preempt(pod, nodes)
+        options = self.preempt(pod, nodes, pdb)
         if not options:
             return None
+
+        def broken(victims: list[Victim]) -> int:
+            return pdb.violations([f"{v.namespace}/{v.name}" for v in victims]) if pdb is not None else 0
+
         best = min(options.items(), key=lambda item: (
-            len(item[1]), max((v.priority for v in item[1]), default=-(2**63)), item[0]))
+            broken(item[1]), len(item[1]), max((v.priority for v in item[1]), default=-(2**63)), item[0]))
         return best[0], best[1]
 
     # --- views ------------------------------------------------------------------------------------

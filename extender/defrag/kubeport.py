@@ -15,10 +15,9 @@ from extender.defrag.runner import Defragmenter, Eviction, Recorder
 from extender.expansion.lease import LeaseKeeper
 from extender.kube.client import api_call, error_message, error_status, request_json
 from extender.kube.informer import WatchCache
-from extender.kube.resources import PODS, Resource, collection_path, object_path
+from extender.kube.resources import PDBS, PODS, collection_path, object_path
 from extender.state import ClusterState
 
-PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
 LEASE_NAME = "tensor-fusion-defrag"
 
 

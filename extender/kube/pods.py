@@ -1,4 +1,4 @@
-"""The pod writes of the extender (label, bind, index, delete), async and as raw JSON.
+"""The pod writes of the extender (label, bind, index, delete, evict), async and as raw JSON.
 
 Requests go out on the event loop through ``AsyncKube`` (one keep-alive connection pool), never on a
 thread pool. Kept behind a small protocol so the binder and the preemptor can be tested with a fake.
@@ -26,6 +26,8 @@ class PodApi(Protocol):
                    annotations: Mapping[str, str]) -> None: ...
 
     async def delete(self, namespace: str, name: str, uid: str) -> None: ...
+
+    async def evict(self, namespace: str, name: str, uid: str) -> None: ...
 
 
 def binding_body(name: str, namespace: str, uid: str, node: str,
@@ -61,6 +63,14 @@ class KubePodApi:
     async def delete(self, namespace: str, name: str, uid: str) -> None:
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
         await self._call("DELETE", object_path(PODS, name, namespace), body)
+
+    async def evict(self, namespace: str, name: str, uid: str) -> None:
+        """Through the Eviction API, so that the API server enforces PodDisruptionBudgets (429 when one
+        does not allow it); the uid keeps a new pod of the same name from being evicted in its place."""
+        body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": name, "namespace": namespace},
+                "deleteOptions": {"preconditions": {"uid": uid}}}
+        await self._call("POST", object_path(PODS, name, namespace, "eviction"), body)
 
     async def _call(self, method: str, path: str, body: Any = None,
                     content_type: str = "application/json") -> Any:

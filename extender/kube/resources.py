@@ -35,6 +35,7 @@ WORKLOAD_PROFILES = Resource("tensor-fusion.ai", "v1", "workloadprofiles", "Work
 GPU_NODE_CLAIMS = Resource("tensor-fusion.ai", "v1", "gpunodeclaims", "GPUNodeClaim", False)
 NODECLAIMS = Resource("karpenter.sh", "v1", "nodeclaims", "NodeClaim", False)
 NODEPOOLS = Resource("karpenter.sh", "v1", "nodepools", "NodePool", False)
+PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
 PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False)
 
 

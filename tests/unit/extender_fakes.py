@@ -107,6 +107,9 @@ class FakeApi:
     async def delete(self, namespace: str, name: str, uid: str) -> None:
         await self._step("delete", (name, uid))
 
+    async def evict(self, namespace: str, name: str, uid: str) -> None:
+        await self._step("evict", (name, uid))
+
 
 class Events:
     def __init__(self) -> None:

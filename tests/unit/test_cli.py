@@ -120,7 +120,8 @@ async def test_service_becomes_ready_after_sync_serves_and_stops_cleanly(aiohttp
                 gauge = 'tf_extender_node_allocated_percent{node="n1",pool="pool-a",resource="tflops"} '
                 assert gauge in await response.text()
         assert fake.selectors["pods"] == POD_SELECTOR
-        assert set(service.caches) == {"nodes", "pods", "gpus", "gpupools", "schedulingconfigtemplates"}
+        assert set(service.caches) == {"nodes", "pods", "gpus", "gpupools", "schedulingconfigtemplates",
+                                       "poddisruptionbudgets"}
     finally:
         stop.set()
         async with asyncio.timeout(10):

@@ -1,4 +1,4 @@
-"""GPU preemption the scheduler cannot do itself: victims deleted once, with events."""
+"""GPU preemption the scheduler cannot do itself: victims evicted once, with events; PDBs respected."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 from extender_fakes import POOL, Events, FakeApi, Pods, gpu, pod
 from kubernetes.client import ApiException
 
+from extender.pdb import PdbGuard, budgets_from, violations
 from extender.preemptor import Preemptor
 from extender.state import ClusterState, FilterOutcome, Kind
 
@@ -31,7 +32,7 @@ async def test_deletes_the_victims_once_with_events_on_both_sides() -> None:
     _, api, events, preemptor = world()
     vip = prioritised("vip", "u-vip", 1000, tflops="50")
     assert await preemptor.preempt_for(vip) == ["ml/low"]
-    assert api.calls == [("delete", ("low", "u-low"))]
+    assert api.calls == [("evict", ("low", "u-low"))]
     assert ("vip", "PreemptingGPUPods") in [(e[0], e[1]) for e in events.recorded]
     assert ("low", "Preempted") in [(e[0], e[1]) for e in events.recorded]
     assert await preemptor.preempt_for(vip) == []  # the scheduler's retry does not delete again
@@ -46,10 +47,10 @@ async def test_nothing_lower_priority_means_nothing_deleted() -> None:
 
 async def test_a_failed_delete_may_be_retried() -> None:
     _, api, _, preemptor = world()
-    api.fail["delete"] = ApiException(status=500, reason="boom")
+    api.fail["evict"] = ApiException(status=500, reason="boom")
     vip = prioritised("vip", "u-vip", 1000, tflops="50")
     assert await preemptor.preempt_for(vip) == []
-    del api.fail["delete"]
+    del api.fail["evict"]
     assert await preemptor.preempt_for(vip) == ["ml/low"]
 
 
@@ -91,7 +92,7 @@ async def test_no_further_victims_while_the_first_ones_are_still_terminating() -
     state.apply(Kind.POD, "DELETED", terminating)
     assert await preemptor.preempt_for(vip) == []  # now it fits: nothing more to delete
     assert preemptor.filter_gate(vip) is None
-    assert api.calls == [("delete", ("a", "u-a")), ("delete", ("b", "u-b"))]
+    assert api.calls == [("evict", ("a", "u-a")), ("evict", ("b", "u-b"))]
 
 
 async def test_a_pod_placed_meanwhile_preempts_nobody() -> None:
@@ -106,3 +107,71 @@ async def test_a_pod_placed_meanwhile_preempts_nobody() -> None:
                                                phase="Running"))
     assert await preemptor.preempt_for(prioritised("vip", "u-vip", 1000, tflops="50")) == []
     assert api.calls == []
+
+
+# --- PodDisruptionBudgets --------------------------------------------------------------------------------
+
+class Cache:
+    def __init__(self, *objects: dict[str, Any]) -> None:
+        self.objects = list(objects)
+
+    def list(self) -> list[dict[str, Any]]:
+        return self.objects
+
+    def get(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        return next((o for o in self.objects if o["metadata"]["name"] == name
+                     and o["metadata"].get("namespace") == namespace), None)
+
+
+def budget(name: str, app: str, allowed: int) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ml"},
+            "spec": {"selector": {"matchLabels": {"app": app}}}, "status": {"disruptionsAllowed": allowed}}
+
+
+def two_victims_world(*budgets: dict[str, Any]) -> tuple[ClusterState, FakeApi, Events, Preemptor, PdbGuard]:
+    """One GPU holding two 45-TFLOPS pods of priority 1: ``guarded`` (app=db) and ``free`` (app=web)."""
+    state = ClusterState()
+    state.apply(Kind.POOL, "ADDED", {"metadata": {"name": POOL}, "spec": {}})
+    state.apply(Kind.GPU, "ADDED", gpu("g1", "n1"))
+    pods = []
+    for name, app in (("guarded", "db"), ("free", "web")):
+        p = prioritised(name, f"u-{name}", 1, tflops="45", node="n1", gpu_ids="g1", phase="Running")
+        p["metadata"]["labels"]["app"] = app
+        state.apply(Kind.POD, "ADDED", p)
+        pods.append(p)
+    guard = PdbGuard(Cache(*pods), Cache(*budgets))
+    api, events = FakeApi(Pods()), Events()
+    return state, api, events, Preemptor(state, api, events, pdb=guard), guard
+
+
+async def test_a_victim_set_that_breaks_no_budget_is_preferred() -> None:
+    _, _, _, preemptor, guard = two_victims_world(budget("db", "db", 0))
+    # either pod alone makes room for 50; by name "free" < "guarded", but that is not why it is chosen
+    assert await preemptor.preempt_for(prioritised("vip", "u-vip", 1000, tflops="50")) == ["ml/free"]
+    assert guard.violations(["ml/free"]) == 0 and guard.violations(["ml/guarded"]) == 1
+    _, _, _, preemptor, _ = two_victims_world(budget("web", "web", 0))
+    assert await preemptor.preempt_for(prioritised("vip", "u-vip", 1000, tflops="50")) == ["ml/guarded"]
+
+
+async def test_an_unavoidable_violation_is_reported_and_left_to_the_eviction_api() -> None:
+    state, api, events, preemptor, guard = two_victims_world(budget("all-db", "db", 0),
+                                                             budget("all-web", "web", 0))
+    node, victims = state.find_preemption(prioritised("vip", "u-vip", 1000, tflops="90"), guard) or ("", [])
+    assert node == "n1" and guard.violations([f"ml/{v.name}" for v in victims]) == 2
+    api.fail["evict"] = ApiException(status=429, reason="Too Many Requests")  # the API server enforces it
+    assert await preemptor.preempt_for(prioritised("vip", "u-vip", 1000, tflops="90")) == []
+    assert ("vip", "PreemptionBlockedByPDB") in [(e[0], e[1]) for e in events.recorded]
+    del api.fail["evict"]  # the budget allows it later: a retry evicts
+    assert sorted(await preemptor.preempt_for(prioritised("vip", "u-vip", 1000, tflops="90"))) == [
+        "ml/free", "ml/guarded"]
+
+
+def test_violations_count_like_kube_scheduler() -> None:
+    budgets = budgets_from([budget("db", "db", 1), {**budget("other-ns", "db", 0),
+                                                     "metadata": {"name": "x", "namespace": "other"}}])
+    db = ("ml", {"app": "db"})
+    assert violations([db], budgets) == 0
+    assert violations([db, db, db], budgets) == 2  # the first uses up the one disruption allowed
+    assert violations([("ml", {"app": "web"})], budgets) == 0
+    fresh = {"metadata": {"name": "n", "namespace": "ml"}, "spec": {"selector": {}}}  # no status yet
+    assert violations([("ml", {"app": "db"})], budgets_from([fresh])) == 1
