@@ -85,7 +85,7 @@ def histogram_quantiles(after: dict[tuple[str, str], float], before: dict[tuple[
     counts: dict[float, float] = {}
     for (n, labels), value in after.items():
         if n == name + "_bucket" and label_filter in labels:
-            m = re.search(r'le="([^"]+)"', labels)
+            m = re.search(r'[{,]le="([^"]+)"', labels)  # not the tail of profile="..."
             if m:
                 bound = float("inf") if m.group(1) == "+Inf" else float(m.group(1))
                 counts[bound] = counts.get(bound, 0.0) + value - before.get((n, labels), 0.0)

@@ -144,32 +144,9 @@ def json_floor(bodies: list[bytes], repeat: int) -> list[float]:
 # ---------------------------------------------------------------------------------------------- HTTP
 
 
-def plain_dict_handlers() -> type:
-    """What-if (bench-only): the shipped Handlers with prioritize answering plain dicts instead of one
-    pydantic HostPriority model per node (the hot path profiled in prioritize over HTTP)."""
-    from aiohttp import web
-
-    from extender import server
-    from extender.protocol import ExtenderArgs
-
-    class PlainDictPrioritize(server.Handlers):
-        async def prioritize(self, request: web.Request) -> web.StreamResponse:
-            async def handle() -> tuple[web.StreamResponse, str]:
-                try:
-                    args = await self._parse(request, ExtenderArgs)
-                except server.BadRequest as exc:
-                    return server._json({"error": str(exc)}, status=400), "bad_request"
-                scores = self.state.prioritize(args.pod, args.candidate_names())
-                return server._json([{"Host": h, "Score": s} for h, s in scores]), "ok"
-
-            return await self._timed("prioritize", handle)
-
-    return PlainDictPrioritize
-
-
 async def _http_verbs(state: ClusterState, all_names: list[str], pods: Iterator[dict[str, Any]],
                       repeat: int, sample: int | None = None,
-                      handlers_cls: type | None = None) -> dict[str, list[float]]:
+                      handlers_cls: type | None = None, first_choice: bool = False) -> dict[str, list[float]]:
     from aiohttp import ClientSession
     from aiohttp.test_utils import TestServer
 
@@ -177,7 +154,7 @@ async def _http_verbs(state: ClusterState, all_names: list[str], pods: Iterator[
     from extender.server import Handlers, create_app
 
     cls = handlers_cls or Handlers
-    handlers = cls(state, None, Metrics(), unsynced=lambda: [])
+    handlers = cls(state, None, Metrics(), unsynced=lambda: [], first_choice_only=first_choice)
     server = TestServer(create_app(handlers), host="127.0.0.1")
     await server.start_server()
     clock = time.perf_counter
@@ -201,8 +178,11 @@ async def _http_verbs(state: ClusterState, all_names: list[str], pods: Iterator[
                 pod = next(pods)
                 dt_f, raw = await call("filter", fixtures.extender_args(pod, names))
                 fits = json.loads(raw)["NodeNames"] or []
-                dt_p, raw = await call("prioritize", fixtures.extender_args(pod, fits))
-                scores = json.loads(raw)
+                if first_choice:  # one feasible node: kube-scheduler does not call prioritize
+                    dt_p, scores = 0.0, [{"Host": name, "Score": 10} for name in fits]
+                else:
+                    dt_p, raw = await call("prioritize", fixtures.extender_args(pod, fits))
+                    scores = json.loads(raw)
                 if scores:
                     top = max(scores, key=lambda hp: hp["Score"])["Host"]
                     state.release(state.reserve(pod, top))
@@ -216,8 +196,9 @@ async def _http_verbs(state: ClusterState, all_names: list[str], pods: Iterator[
 
 
 def http_verbs(state: ClusterState, names: list[str], pods: Iterator[dict[str, Any]], repeat: int,
-               sample: int | None = None, handlers_cls: type | None = None) -> dict[str, list[float]]:
-    return asyncio.run(_http_verbs(state, names, pods, repeat, sample, handlers_cls))
+               sample: int | None = None, handlers_cls: type | None = None,
+               first_choice: bool = False) -> dict[str, list[float]]:
+    return asyncio.run(_http_verbs(state, names, pods, repeat, sample, handlers_cls, first_choice))
 
 
 # ---------------------------------------------------------------------------------------------- RSS
@@ -292,8 +273,9 @@ def _regime(state: ClusterState, names: list[str], cold: bool, repeat: int, floo
 
 
 def _http(state: ClusterState, names: list[str], repeat: int, floor_ms: float, label: str,
-          sample: int | None = None, handlers_cls: type | None = None) -> dict[str, Any]:
-    h = http_verbs(state, names, pod_stream(cold=False), repeat, sample, handlers_cls)
+          sample: int | None = None, handlers_cls: type | None = None,
+          first_choice: bool = False) -> dict[str, Any]:
+    h = http_verbs(state, names, pod_stream(cold=False), repeat, sample, handlers_cls, first_choice)
     out: dict[str, Any] = {k: summary_ms(v) for k, v in h.items()}
     out.update({"label": label, "names_sent": len(window(names, sample, 0)),
                 "ratio_filter_to_json_floor": ratio(_ms(h["filter"]), floor_ms, 1)})
@@ -327,16 +309,14 @@ def run(quick: bool = False) -> BenchResult:
         http = []
         floor = case["steady"]["json_loads_filter_body"]["median_ms"]
         if not quick or headline:
-            http.append(_http(state, names, http_n, floor, "shipped server"))
+            http.append(_http(state, names, http_n, floor, "--no-filter-first-choice: every fitting node"))
         if headline:
-            http.append(_http(state, names, http_n, floor, "what-if: prioritize answers plain dicts",
-                              handlers_cls=plain_dict_handlers()))
+            http.append(_http(state, names, http_n, floor,
+                              "shipped default: filter answers the first choice, no prioritize call",
+                              first_choice=True))
             floor_s = case["steady_sampled"]["json_loads_filter_body"]["median_ms"]
-            http.append(_http(state, names, http_n, floor_s, f"shipped server, {SAMPLED} names sent",
-                              sample=SAMPLED))
             http.append(_http(state, names, http_n, floor_s,
-                              f"what-if: plain dicts, {SAMPLED} names sent", sample=SAMPLED,
-                              handlers_cls=plain_dict_handlers()))
+                              f"--no-filter-first-choice, {SAMPLED} names sent", sample=SAMPLED))
         case["http"] = http
         log(f"extender cost: {nodes} nodes at {alloc:.0%}: steady filter+prioritize "
             f"{case['steady']['filter_prioritize']['median_ms']:.3f} ms, cold "

@@ -3,7 +3,7 @@ patched at start-up, to measure the suggested fixes end to end before anyone cha
 
     python -m bench.whatif_extender serve --port 8080 --kubeconfig ...   (same arguments as tf-extender)
 
-1. prioritize answers plain dicts instead of one pydantic ``HostPriority`` per node (extender/server.py);
+1. (shipped since: prioritize answers plain dicts, encoded with orjson);
 2. ``ClusterState.pending_index_holder`` looks at the reservations of the one node (an index by node)
    instead of scanning every reservation in flight (extender/state.py);
 3. ``Metrics.count_rejections`` classifies each distinct message once and increments each reason class
@@ -25,29 +25,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
 
-PATCHES = ("prioritize-plain-dicts", "pending-index-by-node", "count-rejections-once", "bind-pool")
-
-
-def patch_prioritize() -> None:
-    from aiohttp import web
-
-    from extender import server
-    from extender.protocol import ExtenderArgs
-
-    async def prioritize(self: server.Handlers, request: web.Request) -> web.StreamResponse:
-        async def handle() -> tuple[web.StreamResponse, str]:
-            try:
-                args = await self._parse(request, ExtenderArgs)
-            except server.BadRequest as exc:
-                return server._json({"error": str(exc)}, status=400), "bad_request"
-            if (problem := self._not_ready()) is not None:
-                return server._json({"error": problem}, status=503), "not_ready"
-            scores = self.state.prioritize(args.pod, args.candidate_names())
-            return server._json([{"Host": h, "Score": s} for h, s in scores]), "ok"
-
-        return await self._timed("prioritize", handle)
-
-    server.Handlers.prioritize = prioritize  # type: ignore[method-assign]
+PATCHES = ("pending-index-by-node", "count-rejections-once", "bind-pool")
 
 
 def patch_pending_index() -> None:
@@ -146,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(chosen) - set(PATCHES)
     if unknown:
         raise SystemExit(f"unknown what-if patches: {sorted(unknown)}; known: {', '.join(PATCHES)}")
-    apply = {"prioritize-plain-dicts": patch_prioritize, "pending-index-by-node": patch_pending_index,
+    apply = {"pending-index-by-node": patch_pending_index,
              "count-rejections-once": patch_count_rejections, "bind-pool": patch_bind_pool}
     for name in chosen:
         apply[name]()

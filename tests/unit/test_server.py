@@ -104,6 +104,18 @@ async def test_filter_with_node_names_answers_names_and_classifies_failures(http
     assert body["FailedAndUnresolvableNodes"] == {"n3": "node has no GPUs known to the extender"}
 
 
+async def test_filter_in_first_choice_mode_answers_one_node_and_holds_it(http: Any, world: World) -> None:
+    world.handlers.first_choice_only = True
+    world.add_pod(wire_pod("busy", "u-busy", tflops="10", node="n1", gpu_ids="g1"))
+    # 15 TFLOPS fit on g1 (100, 10 used) and g2 (30): NodeCompactGPULowLoad prefers the busier node n1
+    status, body = await post(http, "filter", {"Pod": wire_pod("a", "u-a", tflops="15"),
+                                               "NodeNames": ["n2", "n1"]})
+    assert status == 200 and body["NodeNames"] == ["n1"] and body["FailedNodes"] == {}
+    # the hold: a pod filtered before a's bind arrives sees n1 with 15 TFLOPS less
+    _, other = await post(http, "filter", {"Pod": wire_pod("b", "u-b", tflops="80"), "NodeNames": ["n1"]})
+    assert other["NodeNames"] == [] and "80 TFLOPS" in other["FailedNodes"]["n1"]
+
+
 async def test_filter_with_full_nodes_echoes_the_fitting_node_objects(http: Any) -> None:
     nodes = {"metadata": {"resourceVersion": ""},
              "items": [wire_node("n1"), wire_node("n2"), wire_node("n3")]}
