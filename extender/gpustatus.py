@@ -12,10 +12,11 @@ its last pass, computes the wanted status of their GPUs from the ledger, and pat
 the ``status`` subresource) only those whose stored status differs. A GPU is written at most once per
 pass, so a burst of binds costs at most ``1/interval`` writes per GPU per second however many pods
 land on it; at most ``concurrency`` writes are in flight. Binds never wait for it: the verbs only append
-to the state's change log. Pools are recomputed at most every ``pool_interval`` seconds, and only when
-something changed. Every ``resync_interval`` seconds a pass compares every GPU, which repairs status that
-someone else overwrote. Nodes described only by GPU Feature Discovery labels have no GPU objects and are
-skipped.
+to the state's change log, and a pass yields to the event loop every few nodes. The first pass compares
+every GPU; after that a status someone else overwrote is repaired because the GPU watch puts its node in
+the change log too. Pool totals are kept per node and summed, updated for the changed nodes only, and
+compared with the GPUPools every ``pool_interval`` seconds. Nodes described only by GPU Feature Discovery
+labels have no GPU objects and are skipped.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Protocol
 
@@ -41,6 +42,8 @@ log = logging.getLogger(__name__)
 
 # Status keys this module owns; anything else in the status (capacity, phase, ...) is left alone.
 GPU_KEYS = ("available", "runningApps")
+# GPUs plus pods compared between two yields to the event loop (about 10 ms of work)
+WORK_PER_SLICE = 200
 POOL_KEYS = ("totalNodes", "totalGPUs", "totalTFlops", "totalVRAM", "allocatedTFlops", "allocatedVRAM",
              "availableTFlops", "availableVRAM", "partiallyUsedGPUs")
 
@@ -49,7 +52,6 @@ POOL_KEYS = ("totalNodes", "totalGPUs", "totalTFlops", "totalVRAM", "allocatedTF
 class StatusSettings:
     interval: float = 1.0  # seconds between passes: at most one write per GPU per interval
     pool_interval: float = 5.0
-    resync_interval: float = 60.0
     concurrency: int = 4
     settle: float = 10.0  # how long our own write may take to come back through the watch
 
@@ -116,7 +118,9 @@ def gpu_status(gpu: GPUView, holders: Iterable[Allocation],
 
 @dataclass
 class PoolTotals:
-    nodes: set[str] = field(default_factory=set)
+    """One pool's figures; nodes are counted, so totals of nodes add up (``merge``)."""
+
+    nodes: int = 0
     gpus: int = 0
     partially_used: int = 0
     total_tflops: Fraction = Fraction(0)
@@ -125,7 +129,6 @@ class PoolTotals:
     used_vram: int = 0
 
     def add(self, gpu: GPUView) -> None:
-        self.nodes.add(gpu.node)
         self.gpus += 1
         self.total_tflops += gpu.capacity_tflops
         self.total_vram += gpu.capacity_vram
@@ -134,9 +137,18 @@ class PoolTotals:
         if 0.0 < gpu.used_percent < 100.0:
             self.partially_used += 1
 
+    def merge(self, other: PoolTotals, sign: int = 1) -> None:
+        self.nodes += sign * other.nodes
+        self.gpus += sign * other.gpus
+        self.partially_used += sign * other.partially_used
+        self.total_tflops += sign * other.total_tflops
+        self.total_vram += sign * other.total_vram
+        self.used_tflops += sign * other.used_tflops
+        self.used_vram += sign * other.used_vram
+
     def status(self) -> dict[str, Any]:
         return {
-            "totalNodes": len(self.nodes), "totalGPUs": self.gpus,
+            "totalNodes": self.nodes, "totalGPUs": self.gpus,
             "totalTFlops": tflops_text(self.total_tflops), "totalVRAM": vram_text(self.total_vram),
             "allocatedTFlops": tflops_text(self.used_tflops), "allocatedVRAM": vram_text(self.used_vram),
             "availableTFlops": tflops_text(self.total_tflops - self.used_tflops),
@@ -145,12 +157,17 @@ class PoolTotals:
         }
 
 
-def pool_totals(gpus: Iterable[GPUView], pools: Iterable[str]) -> dict[str, PoolTotals]:
-    """Totals of every named pool (zero when it has no GPUs yet)."""
-    out = {pool: PoolTotals() for pool in pools}
+def node_parts(gpus: Iterable[GPUView], no_pool: str | None = None) -> dict[str, PoolTotals]:
+    """One node's contribution to each of its pools (GPUs without a pool under ``no_pool``, or left out)."""
+    out: dict[str, PoolTotals] = {}
     for gpu in gpus:
-        if gpu.pool in out:
-            out[gpu.pool].add(gpu)
+        pool = gpu.pool or no_pool
+        if pool is None:
+            continue
+        part = out.get(pool)
+        if part is None:
+            part = out[pool] = PoolTotals(nodes=1)
+        part.add(gpu)
     return out
 
 
@@ -209,9 +226,10 @@ class GPUStatusWriter:
         self._clock = clock
         self._ready = ready
         self._tick = 0
-        self._full_due = 0.0
+        self._first = True
         self._pool_due = 0.0
-        self._pools_dirty = True
+        self._node_parts: dict[str, dict[str, PoolTotals]] = {}
+        self._pool_sums: dict[str, PoolTotals] = {}
         self._written: dict[tuple[str, str], _Written] = {}
         self._retry: set[str] = set()  # nodes with a failed GPU write
 
@@ -234,66 +252,88 @@ class GPUStatusWriter:
         return not (last is not None and last.status == wanted and last.resource_version != rv
                     and self._clock() - last.at < self.settings.settle)
 
-    def gpu_writes(self, nodes: Iterable[str] | None) -> list[tuple[str, str, dict[str, Any]]]:
-        """The GPU status patches due for ``nodes`` (None: every node): (node, GPU, status)."""
+    def _node_changed(self, node: str, views: list[GPUView]) -> None:
+        """Replace the node's contribution to the pool totals."""
+        for pool, part in self._node_parts.pop(node, {}).items():
+            self._pool_sums[pool].merge(part, -1)
+        parts = node_parts(views)
+        if parts:
+            self._node_parts[node] = parts
+        for pool, part in parts.items():
+            self._pool_sums.setdefault(pool, PoolTotals()).merge(part)
+
+    async def gpu_writes(self, nodes: Iterable[str]) -> list[tuple[str, str, dict[str, Any]]]:
+        """The GPU status patches due for ``nodes``: (node, GPU, status). Yields to the event loop every
+        ``WORK_PER_SLICE`` GPUs and pods, so a pass over a large cluster never holds up a scheduler verb."""
         out = []
-        for node in self.state.nodes() if nodes is None else sorted(nodes):
-            for gpu in self.state.node_gpus(node):
+        work = 0
+        for node in nodes:
+            if work >= WORK_PER_SLICE:
+                await asyncio.sleep(0)
+                work = 0
+            views = self.state.node_gpus(node)
+            self._node_changed(node, views)
+            for gpu in views:
                 if gpu.device.synthetic:
                     continue
-                wanted = gpu_status(gpu, self.state.gpu_holders(gpu.name), self._workload)
+                holders = self.state.gpu_holders(gpu.name)
+                work += 1 + len(holders)
+                wanted = gpu_status(gpu, holders, self._workload)
                 if self._due("gpus", gpu.name, wanted, self.gpus.get(gpu.name), GPU_KEYS):
                     out.append((node, gpu.name, wanted))
         return out
 
     def pool_writes(self) -> list[tuple[str, dict[str, Any]]]:
-        names = [str((p.get("metadata") or {}).get("name")) for p in self.pools.list()]
-        views = (gpu for node in self.state.nodes() for gpu in self.state.node_gpus(node))
         out = []
-        for name, totals in sorted(pool_totals(views, names).items()):
-            wanted = totals.status()
-            if self._due("gpupools", name, wanted, self.pools.get(name), POOL_KEYS):
+        for obj in self.pools.list():
+            name = str((obj.get("metadata") or {}).get("name"))
+            wanted = self._pool_sums.get(name, PoolTotals()).status()
+            if self._due("gpupools", name, wanted, obj, POOL_KEYS):
                 out.append((name, wanted))
-        return out
+        return sorted(out, key=lambda w: w[0])
 
     async def step(self) -> int:
         """One pass; returns the number of writes attempted."""
-        now = self._clock()
         changed, self._tick = self.state.changed_since(self._tick)
-        if now >= self._full_due:
-            changed = None
-            self._full_due = now + self.settings.resync_interval
-        elif self._retry:
-            changed = (changed or set()) | self._retry
+        if self._first or changed is None:
+            # everything once at the start (and when the change log has moved on too far): after that,
+            # every change of a GPU object, ours or anyone's, reaches the change log through the watch
+            nodes = set(self.state.nodes()) | set(self._node_parts)
+            self._first = False
+        else:
+            nodes = changed | self._retry
         self._retry = set()
-        writes = [("gpus", node, name, status) for node, name, status in self.gpu_writes(changed)]
-        self._pools_dirty = self._pools_dirty or changed is None or bool(changed)
-        if self._pools_dirty and now >= self._pool_due:
+        writes = [("gpus", node, name, status)
+                  for node, name, status in await self.gpu_writes(sorted(nodes))]
+        now = self._clock()
+        if now >= self._pool_due:
             writes += [("gpupools", "", name, status) for name, status in self.pool_writes()]
-            self._pools_dirty = False
             self._pool_due = now + self.settings.pool_interval
-        gate = asyncio.Semaphore(self.settings.concurrency)
 
         async def write(plural: str, node: str, name: str, status: dict[str, Any]) -> None:
             kind = "gpu" if plural == "gpus" else "gpupool"
-            async with gate:
-                try:
-                    stored = await self.api.patch_status(plural, name, status)
-                except Exception as exc:  # status is informational; the next pass retries
-                    self.metrics.writes.labels(kind, "error").inc()
-                    self._written.pop((plural, name), None)
-                    if node:
-                        self._retry.add(node)
-                    else:
-                        self._pools_dirty = True
-                    log.warning("status write failed",
-                                extra={"object": f"{plural}/{name}", "error": str(exc)})
-                    return
+            try:
+                stored = await self.api.patch_status(plural, name, status)
+            except Exception as exc:  # status is informational; the next pass retries
+                self.metrics.writes.labels(kind, "error").inc()
+                self._written.pop((plural, name), None)
+                if node:
+                    self._retry.add(node)
+                else:
+                    self._pool_due = 0.0
+                log.warning("status write failed", extra={"object": f"{plural}/{name}", "error": str(exc)})
+                return
             rv = str((stored.get("metadata") or {}).get("resourceVersion") or "")
             self._written[(plural, name)] = _Written(status, rv, self._clock())
             self.metrics.writes.labels(kind, "ok").inc()
 
-        await asyncio.gather(*(write(*w) for w in writes))
+        pending = iter(writes)
+
+        async def worker() -> None:  # a few workers share the list: no task per write
+            for item in pending:
+                await write(*item)
+
+        await asyncio.gather(*(worker() for _ in range(min(self.settings.concurrency, len(writes)))))
         return len(writes)
 
     async def run(self) -> None:

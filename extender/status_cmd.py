@@ -19,7 +19,7 @@ from typing import Any
 
 from extender.contract import COMPONENT_LABEL, COMPONENT_WORKER, ContractError
 from extender.expansion.claims import EXPANSION_LABEL, EXPANSION_POD_ANNOTATION
-from extender.gpustatus import PoolTotals, tflops_text, vram_text
+from extender.gpustatus import PoolTotals, node_parts, tflops_text, vram_text
 from extender.kube import resources
 from extender.kube.resources import Resource
 from extender.state import ClusterState, Kind, PlacementError, pod_key
@@ -89,10 +89,10 @@ def build_report(snapshot: Snapshot) -> dict[str, Any]:
         for obj in objects:
             state.apply(kind, "ADDED", obj)
     pool_specs = {str(_meta(p).get("name")): p for p in snapshot.pools}
-    views = [gpu for node in state.nodes() for gpu in state.node_gpus(node)]
     totals: dict[str, PoolTotals] = {name: PoolTotals() for name in pool_specs}
-    for gpu in views:
-        totals.setdefault(gpu.pool or NO_POOL, PoolTotals()).add(gpu)
+    for node in state.nodes():
+        for pool, part in node_parts(state.node_gpus(node), no_pool=NO_POOL).items():
+            totals.setdefault(pool, PoolTotals()).merge(part)
 
     pending: dict[str, list[dict[str, str]]] = {}
     pool_of_pod: dict[str, str] = {}
@@ -130,7 +130,7 @@ def build_report(snapshot: Snapshot) -> dict[str, Any]:
             "default": name == state.default_pool,
             "mode": state.mode_for(name).value if name != NO_POOL else "",
             "provisioning": provisioning if name in pool_specs else "",
-            "nodes": len(t.nodes), "gpus": t.gpus, "partiallyUsedGPUs": t.partially_used,
+            "nodes": t.nodes, "gpus": t.gpus, "partiallyUsedGPUs": t.partially_used,
             "tflops": {"total": tflops_text(t.total_tflops), "allocated": tflops_text(t.used_tflops),
                        "free": tflops_text(t.total_tflops - t.used_tflops)},
             "vram": {"total": vram_text(t.total_vram), "allocated": vram_text(t.used_vram),

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from extender_fakes import POOL, gpu, pod
 
-from extender.gpustatus import GPUStatusWriter, StatusSettings, stored_part
+from extender.gpustatus import WORK_PER_SLICE, GPUStatusWriter, StatusSettings, stored_part
 from extender.state import ClusterState, Kind
 
 
@@ -115,7 +115,7 @@ def test_first_pass_writes_every_gpu_and_the_pool_then_nothing_until_a_change():
                     "allocatedTFlops": "40", "allocatedVRAM": "8Gi", "availableTFlops": "260",
                     "availableVRAM": "152Gi", "partiallyUsedGPUs": 1}
     store.writes.clear()
-    clock.now += 100  # past the full resync: everything is compared, nothing differs
+    clock.now += 100  # a pass with nothing changed writes nothing
     asyncio.run(writer.step())
     assert store.writes == []
 
@@ -166,16 +166,48 @@ def test_a_failed_write_is_retried_next_pass_and_counted():
     assert writer.metrics.writes.labels("gpu", "ok")._value.get() == 3
 
 
-def test_status_overwritten_by_someone_else_is_repaired_on_resync():
-    _state, store, writer, clock = _setup()
+def test_status_overwritten_by_someone_else_is_repaired_when_its_watch_event_arrives():
+    state, store, writer, clock = _setup()
     asyncio.run(writer.step())
     store.objects[("gpus", "g0")]["status"]["available"]["tflops"] = "1"
     store.objects[("gpus", "g0")]["metadata"]["resourceVersion"] = "999"
     store.writes.clear()
     clock.now += 100
     asyncio.run(writer.step())
+    assert store.writes == []  # nothing in the change log yet
+    state.apply(Kind.GPU, "MODIFIED", store.objects[("gpus", "g0")])  # what the GPU watch delivers
+    asyncio.run(writer.step())
     assert store.writes == [("gpus", "g0")]
     assert store.objects[("gpus", "g0")]["status"]["available"]["tflops"] == "100"
+
+
+def test_a_pool_created_later_gets_its_totals_without_any_gpu_change():
+    state, store, writer, clock = _setup()
+    asyncio.run(writer.step())
+    late = {"metadata": {"name": "late", "resourceVersion": "1"}, "spec": {}}
+    store.put("gpupools", late)
+    g = gpu("x0", "n9")
+    g["metadata"]["labels"]["tensor-fusion.ai/gpupool"] = "late"
+    state.apply(Kind.GPU, "ADDED", g)
+    store.put("gpus", g)
+    clock.now += 5
+    asyncio.run(writer.step())
+    assert store.objects[("gpupools", "late")]["status"]["totalGPUs"] == 1
+    store.put("gpupools", {"metadata": {"name": "empty", "resourceVersion": "1"}, "spec": {}})
+    clock.now += 5
+    asyncio.run(writer.step())
+    assert store.objects[("gpupools", "empty")]["status"]["totalTFlops"] == "0"
+
+
+def test_a_node_that_leaves_drops_out_of_the_pool_totals():
+    state, store, writer, clock = _setup()
+    asyncio.run(writer.step())
+    assert store.objects[("gpupools", POOL)]["status"]["totalNodes"] == 2
+    state.apply(Kind.GPU, "DELETED", store.objects[("gpus", "g2")])
+    clock.now += 5
+    asyncio.run(writer.step())
+    assert store.objects[("gpupools", POOL)]["status"]["totalNodes"] == 1
+    assert store.objects[("gpupools", POOL)]["status"]["totalGPUs"] == 2
 
 
 def test_cache_lagging_behind_our_own_write_does_not_cause_a_second_write():
@@ -231,3 +263,33 @@ def test_the_writer_runs_only_with_write_gpu_status():
         assert service.status_writer is not None and service.status_writer.settings.interval == 0.5
     finally:
         api.close()
+
+
+def test_a_pass_over_many_nodes_lets_other_work_run_in_between():
+    state, store, writer, _clock = _setup()
+    for n in range(2 * WORK_PER_SLICE):
+        g = gpu(f"many-{n}", f"many-node-{n}")
+        state.apply(Kind.GPU, "ADDED", g)
+        store.put("gpus", g)
+    ticks = 0
+
+    async def main() -> None:
+        nonlocal ticks
+        done = asyncio.Event()
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not done.is_set():
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        before = ticks
+        await writer.step()
+        done.set()
+        await task
+        ticks -= before
+
+    asyncio.run(main())
+    assert ticks >= 2  # at least once per slice of work
