@@ -114,13 +114,11 @@ def write_provider_config(api_client: Any, namespace: str, group_label: str, gpu
         ("kwok-provider-templates", "templates", yaml.safe_dump({"apiVersion": "v1", "kind": "List",
                                                                  "items": templates})),
     ):
-        body = {"metadata": {"name": name, "namespace": namespace}, "data": {key: value}}
-        try:
-            core.create_namespaced_config_map(namespace, body)
-        except client.ApiException as exc:
-            if exc.status != 409:
-                raise
-            core.replace_namespaced_config_map(name, namespace, body)
+        cpl._create_or_replace(
+            lambda body: core.create_namespaced_config_map(namespace, body),
+            lambda n: core.read_namespaced_config_map(n, namespace),
+            lambda n, body: core.replace_namespaced_config_map(n, namespace, body),
+            {"metadata": {"name": name, "namespace": namespace}, "data": {key: value}})
 
 
 def start_cluster_autoscaler(cp: cpl.ControlPlane, path: Path, namespace: str,

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from . import autoscaler as ca
 from . import controlplane as cpl
+from .expansion_support import ensure_pool
 
 pytestmark = pytest.mark.e2e
 
@@ -42,16 +42,7 @@ def default_scheduler(cluster, e2e_binaries) -> Iterator[cpl.ManagedProcess]:
 @pytest.fixture
 def ca_cluster(gpu_cluster, api_client, extender_runner, default_scheduler) -> cpl.ExtenderRunner:
     """Webhook, extender (short expansion delay, default provisioner auto), the default scheduler, a pool."""
-    custom = client.CustomObjectsApi(api_client)
-    try:
-        custom.get_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "gpupools", POOL)
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-        cpl.create_cluster_object(api_client, "gpupools", {
-            "apiVersion": f"{cpl.TF_GROUP}/{cpl.TF_VERSION}", "kind": "GPUPool",
-            "metadata": {"name": POOL}, "spec": {}})
-    cpl.wait_for_webhook_pool(api_client, POOL)
+    ensure_pool(api_client, POOL)
     extender_runner.ensure(expansion_delay=1)
     return extender_runner
 

@@ -30,6 +30,7 @@ from kubernetes.client.rest import ApiException
 
 from . import autoscaler as ca
 from . import controlplane as cpl
+from .expansion_support import ensure_pool
 
 BINARY = ca.binary()
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(BINARY is None, reason=ca.NOT_RUN)]
@@ -52,14 +53,7 @@ def autoscaled(cluster, webhook, api_client, extender_runner, e2e_binaries) -> I
         except ApiException as exc:
             if exc.status != 409:
                 raise
-    try:
-        cpl.create_cluster_object(api_client, "gpupools", {
-            "apiVersion": f"{cpl.TF_GROUP}/{cpl.TF_VERSION}", "kind": "GPUPool",
-            "metadata": {"name": POOL}, "spec": {}})
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    cpl.wait_for_webhook_pool(api_client, POOL)
+    ensure_pool(api_client, POOL)
     extender_runner.ensure(expansion_delay=1)
     template = ca.gpu_template(GROUP_LABEL, GROUP, POOL, gpu_label=GPU_LABEL, gpu_type=GPU_TYPE)
     ca.write_provider_config(api_client, CA_NS, GROUP_LABEL, GPU_LABEL, GPU_TYPE, [template])
