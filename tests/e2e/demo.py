@@ -216,8 +216,9 @@ def scale_up(cp: cpl.ControlPlane, api: Any, karpenter: Karpenter) -> list[Resul
             order.append(node)
         results.append(Result(sample, node, tuple(gpus), "", new_node=f"new:{order.index(node) + 1}"))
     claims = karpenter.claims(BURST_NODEPOOL)
-    print(f"\nKarpenter launched {len(claims)} NodeClaims in NodePool {BURST_NODEPOOL}, all created by the "
-          f"expander: {', '.join(c['metadata']['name'] for c in claims)}")
+    ours = [c for c in claims if "tensor-fusion.ai/expansion" in (c["metadata"].get("labels") or {})]
+    print(f"\nKarpenter launched {len(claims)} NodeClaims in NodePool {BURST_NODEPOOL}, {len(ours)} of them "
+          f"created by the expander: {', '.join(c['metadata']['name'] for c in claims)}")
     return results
 
 

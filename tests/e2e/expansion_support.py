@@ -71,9 +71,11 @@ class Group:
         self.nodepool = ""
 
     def create(self, **kw: Any) -> Group:
+        """The NodePool; its template's annotations (by default a node-level do-not-disrupt, which the
+        expander's claims must not copy) can be replaced with ``annotations=``."""
+        kw.setdefault("annotations", {DO_NOT_DISRUPT: "true", "team": "ml"})
         self.nodepool = self.karpenter.nodepool(
-            POOL, name=f"gpu-{self.name}", labels={GROUP: self.name}, taints=[TAINT],
-            annotations={DO_NOT_DISRUPT: "true", "team": "ml"}, **kw)
+            POOL, name=f"gpu-{self.name}", labels={GROUP: self.name}, taints=[TAINT], **kw)
         return self
 
     def expansion_claims(self) -> list[dict]:

@@ -85,7 +85,8 @@ def test_fractional_gpu_pods_keep_their_nodes_and_emptied_nodes_go(api_client, n
     run_extender(delay=3)
     cpl.wait_until(lambda: webhook_adds_do_not_disrupt(api_client), 60,
                    what="the webhook to add karpenter.sh/do-not-disrupt")
-    policy = {"consolidation": "WhenEmptyOrUnderutilized", "consolidate_after": "0s"}
+    # no node-level do-not-disrupt in the template: only the pods' annotation may keep Karpenter away
+    policy = {"consolidation": "WhenEmptyOrUnderutilized", "consolidate_after": "0s", "annotations": {}}
     protected, control = make_group(**policy), make_group(**policy)
     guarded = two_nodes_two_pods(api_client, namespace, protected, {})
     exposed = two_nodes_two_pods(api_client, namespace, control, {DO_NOT_DISRUPT: "false"})
