@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 def test_demo_once_places_every_sample_pod_as_expected(tmp_path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "tests.e2e.demo", "--once", "--workdir", str(tmp_path)],
-        cwd=cpl.REPO_ROOT, capture_output=True, text=True, timeout=600,
+        cwd=cpl.REPO_ROOT, capture_output=True, text=True, timeout=900,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "every sample pod was placed as expected" in result.stdout
