@@ -95,22 +95,16 @@ def _read_secret(core: Any, namespace: str, name: str) -> Any:
         raise
 
 
-def _apply_ca_secret(core: Any, namespace: str, name: str, ca: Authority) -> None:
+def _ca_secret(namespace: str, name: str, ca: Authority) -> Any:
     from kubernetes import client
 
     pem = ca.to_pem()
-    body = client.V1Secret(
+    return client.V1Secret(
         metadata=client.V1ObjectMeta(name=name, namespace=namespace,
                                      labels={"app.kubernetes.io/part-of": "tensor-fusion-extender"}),
         type="Opaque",
         data={CA_CERT_KEY: base64.b64encode(pem.cert).decode(),
               CA_KEY_KEY: base64.b64encode(pem.key).decode()})
-    try:
-        core.create_namespaced_secret(namespace, body)
-    except client.ApiException as exc:
-        if exc.status != 409:
-            raise
-        core.replace_namespaced_secret(name, namespace, body)
 
 
 def ensure(api: Any, *, namespace: str, secret: str, ca_secret: str, dns_names: Sequence[str],
@@ -129,7 +123,7 @@ def ensure(api: Any, *, namespace: str, secret: str, ca_secret: str, dns_names: 
     ca = load_stored_ca(_decoded(_read_secret(core, namespace, ca_secret)), renew_before, now)
     if ca is None:
         ca = authority.generate_ca()
-        _apply_ca_secret(core, namespace, ca_secret, ca)
+        kube.apply_secret(api, namespace, ca_secret, _ca_secret(namespace, ca_secret, ca))
         said.append(f"generated a new CA in Secret {namespace}/{ca_secret}")
     else:
         said.append(f"reused the CA in Secret {namespace}/{ca_secret}")

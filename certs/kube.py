@@ -101,6 +101,11 @@ def apply_tls_secret(api: client.ApiClient, namespace: str, name: str, bundle: S
         type=manifest["type"],
         data=manifest["data"],
     )
+    return apply_secret(api, namespace, name, body)
+
+
+def apply_secret(api: client.ApiClient, namespace: str, name: str, body: client.V1Secret) -> str:
+    """Create the Secret, or replace it when it exists. Returns ``"created"`` or ``"replaced"``."""
     core = client.CoreV1Api(api)
     try:
         core.create_namespaced_secret(namespace, body)
