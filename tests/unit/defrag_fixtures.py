@@ -57,6 +57,18 @@ def pdb(app: str, namespace: str = "ml") -> dict[str, Any]:
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": app}}}}
 
 
+def room_for_one() -> list[dict[str, Any]]:
+    """heavy has one whole GPU left; light-a and light-b each run one worker that needs a whole GPU."""
+    objects: list[dict[str, Any]] = [pool()]
+    for name in ("heavy", "light-a", "light-b"):
+        objects += [node(name), *gpus(name)]
+    for i in range(3):
+        objects += [worker(f"heavy-w{i}", "heavy", i, tflops="100", vram="40Gi"), pdb(f"heavy-w{i}")]
+    for name in ("light-a", "light-b"):
+        objects += [worker(f"{name}-w0", name, 0, tflops="100", vram="40Gi"), pdb(f"{name}-w0")]
+    return objects
+
+
 def four_nodes(**defrag: Any) -> list[dict[str, Any]]:
     """heavy-a 3/4 GPUs in use, heavy-b 4/4, light-a and light-b 1/4 each, every worker covered by a PDB."""
     objects: list[dict[str, Any]] = [pool(**defrag)]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-from defrag_fixtures import NOW_TEXT, TF, four_nodes, gpus, node, pdb, pool, worker
+from defrag_fixtures import NOW_TEXT, TF, four_nodes, gpus, node, pdb, pool, room_for_one, worker
 
 from extender.defrag.config import parse_config
 from extender.defrag.plan import (
@@ -120,14 +120,7 @@ def test_a_node_whose_workers_do_not_all_fit_keeps_all_of_them():
 
 def test_later_candidates_see_the_room_earlier_moves_took():
     # heavy has room for exactly one more worker: light-a (first by name) gets it, light-b is left
-    objects: list[dict[str, Any]] = [pool()]
-    for name in ("heavy", "light-a", "light-b"):
-        objects += [node(name), *gpus(name)]
-    for i in range(3):
-        objects += [worker(f"heavy-w{i}", "heavy", i, tflops="100", vram="40Gi"), pdb(f"heavy-w{i}")]
-    objects += [worker("light-a-w0", "light-a", 0, tflops="100", vram="40Gi"), pdb("light-a-w0"),
-                worker("light-b-w0", "light-b", 0, tflops="100", vram="40Gi"), pdb("light-b-w0")]
-    plan, _ = plan_of(objects)
+    plan, _ = plan_of(room_for_one())
     assert [(m.pod, m.target) for m in plan.moves] == [("ml/light-a-w0", "heavy")]
     assert [(s.node, s.reason) for s in plan.skips] == [("light-b", SkipReason.NO_ROOM)]
 

@@ -284,15 +284,9 @@ async def test_many_candidates_are_read_with_one_pod_list(monkeypatch):
 
 
 async def test_a_node_whose_room_the_previous_node_took_is_reported_no_room():
-    from defrag_fixtures import gpus, node, pdb, worker
+    from defrag_fixtures import room_for_one
 
-    objects: list[dict[str, Any]] = [pool()]
-    for name in ("heavy", "light-a", "light-b"):
-        objects += [node(name), *gpus(name)]
-    for i in range(3):
-        objects += [worker(f"heavy-w{i}", "heavy", i, tflops="100", vram="40Gi"), pdb(f"heavy-w{i}")]
-    objects += [worker("light-a-w0", "light-a", 0, tflops="100", vram="40Gi"), pdb("light-a-w0"),
-                worker("light-b-w0", "light-b", 0, tflops="100", vram="40Gi"), pdb("light-b-w0")]
+    objects = room_for_one()
     defragmenter, cluster, recorder, _, metrics = setup(objects)
     pool_obj = cluster.pools()[0]
     result = await defragmenter.run_pool(pool_obj, parse_config(pool_obj), Trigger.MANUAL)
