@@ -10,7 +10,7 @@ class DefragMetrics:
         r = registry or CollectorRegistry()
         self.runs = Counter("tf_extender_defrag_runs_total",
                             "Defragmentation runs, by pool, trigger (schedule, manual) and outcome "
-                            "(completed, stopped)", ["pool", "trigger", "outcome"], registry=r)
+                            "(completed, stopped, failed)", ["pool", "trigger", "outcome"], registry=r)
         self.evictions = Counter("tf_extender_defrag_evictions_total",
                                  "GPU workers evicted by defragmentation", ["pool"], registry=r)
         self.nodes_emptied = Counter("tf_extender_defrag_nodes_emptied_total",

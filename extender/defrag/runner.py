@@ -243,8 +243,10 @@ class Defragmenter:
         except asyncio.CancelledError:
             log.info("defrag run cancelled", extra={"pool": _pool_name(pool)})
             raise
-        except Exception:
+        except Exception as exc:
             log.exception("defrag run failed", extra={"pool": _pool_name(pool)})
+            self.metrics.runs.labels(_pool_name(pool), trigger.value, "failed").inc()
+            self.recorder.record(pool, "DefragFailed", f"defragmentation run failed: {exc}", "Warning")
 
     def _config_invalid(self, pool: dict[str, Any], message: str) -> None:
         name = _pool_name(pool)

@@ -331,3 +331,19 @@ async def test_losing_the_lease_cancels_a_run_and_lifts_its_fence():
     defragmenter.tick()
     await asyncio.sleep(0.01)
     assert defragmenter.runs == {} and defragmenter._fences == {}
+
+
+async def test_a_run_that_fails_says_so():
+    objects = four_nodes()
+    objects[0]["metadata"]["annotations"] = {MANUAL_TRIGGER_ANNOTATION: "2026-06-01T11:59:59Z"}
+    defragmenter, cluster, recorder, _, metrics = setup(objects)
+
+    async def broken() -> list[dict[str, Any]]:
+        raise RuntimeError("API server unreachable")
+
+    cluster.pdbs = broken  # type: ignore[method-assign]
+    defragmenter.tick()
+    await asyncio.gather(*defragmenter.runs.values())
+    assert recorder.events == [
+        ("DefragFailed", "defragmentation run failed: API server unreachable", "Warning")]
+    assert sample(metrics, "runs", pool="p", trigger="manual", outcome="failed") == 1
