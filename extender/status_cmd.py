@@ -14,10 +14,10 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from extender.contract import COMPONENT_LABEL, COMPONENT_WORKER, ContractError
+from extender.contract import COMPONENT_LABEL, COMPONENT_WORKER, POOL_LABEL, ContractError
 from extender.expansion.claims import EXPANSION_LABEL, EXPANSION_POD_ANNOTATION
 from extender.gpustatus import PoolTotals, node_parts, tflops_text, vram_text
 from extender.kube import resources
@@ -36,6 +36,7 @@ class Snapshot:
     templates: list[dict[str, Any]]
     pods: list[dict[str, Any]]
     nodeclaims: list[dict[str, Any]]
+    gpunodeclaims: list[dict[str, Any]] = field(default_factory=list)  # Karpenter-mode pools
 
 
 # --- pure: the report -----------------------------------------------------------------------------
@@ -114,9 +115,18 @@ def build_report(snapshot: Snapshot) -> dict[str, Any]:
         for_pod = str((meta.get("annotations") or {}).get(EXPANSION_POD_ANNOTATION) or "")
         pool = pool_of_pod.get(for_pod, NO_POOL)
         claims.setdefault(pool, []).append({
-            "name": str(meta.get("name") or ""),
+            "kind": "NodeClaim", "name": str(meta.get("name") or ""),
             "nodePool": str((meta.get("labels") or {}).get("karpenter.sh/nodepool") or ""),
             "forPod": for_pod, "state": _claim_state(claim)})
+    for claim in snapshot.gpunodeclaims:
+        meta = _meta(claim)
+        phase = str((claim.get("status") or {}).get("phase") or "Pending")
+        if phase == "Bound" or meta.get("deletionTimestamp"):
+            continue
+        pool = str((meta.get("labels") or {}).get(POOL_LABEL) or NO_POOL)
+        instance_type = str((claim.get("spec") or {}).get("instanceType") or "")
+        claims.setdefault(pool, []).append({"kind": "GPUNodeClaim", "name": str(meta.get("name") or ""),
+                                            "instanceType": instance_type, "state": phase})
 
     names = sorted(set(totals) | set(pending) | set(claims), key=lambda n: (n == NO_POOL, n))
     out = []
@@ -165,8 +175,10 @@ def render_table(report: Mapping[str, Any]) -> str:
     claims = [(p["name"], c) for p in report["pools"] for c in p["nodeClaimsInFlight"]]
     if claims:
         lines += ["", "NodeClaims in flight:"]
-        lines += [f"  {c['name']} (pool {pool}, NodePool {c['nodePool'] or '-'}, for {c['forPod'] or '-'}): "
-                  f"{c['state']}" for pool, c in claims]
+        lines += [f"  {c['kind']} {c['name']} (pool {pool}, "
+                  + (f"NodePool {c['nodePool'] or '-'}, for {c['forPod'] or '-'}" if c["kind"] == "NodeClaim"
+                     else f"instance type {c['instanceType'] or '-'}")
+                  + f"): {c['state']}" for pool, c in claims]
     return "\n".join(lines) + "\n"
 
 
@@ -179,7 +191,8 @@ def read_snapshot(list_all: Callable[[Resource, str | None], list[dict[str, Any]
         nodes=list_all(resources.NODES, None), gpus=list_all(resources.GPUS, None),
         pools=list_all(resources.GPU_POOLS, None),
         templates=list_all(resources.SCHEDULING_CONFIG_TEMPLATES, None),
-        pods=list_all(resources.PODS, selector), nodeclaims=list_all(resources.NODECLAIMS, None))
+        pods=list_all(resources.PODS, selector), nodeclaims=list_all(resources.NODECLAIMS, None),
+        gpunodeclaims=list_all(resources.GPU_NODE_CLAIMS, None))
 
 
 def kube_lister(api_client: Any) -> Callable[[Resource, str | None], list[dict[str, Any]]]:

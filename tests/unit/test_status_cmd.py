@@ -49,6 +49,12 @@ def _snapshot() -> Snapshot:
               pod("b", "u-b", tflops="100", node="n2", gpu_ids="g2", phase="Running"),
               pending],
         nodeclaims=[claim, ready_claim, foreign_claim],
+        gpunodeclaims=[
+            {"metadata": {"name": "inference-x1", "labels": {"tensor-fusion.ai/gpupool": "inference"}},
+             "spec": {"instanceType": "p5.48xlarge"}, "status": {"phase": "Creating"}},
+            {"metadata": {"name": "inference-x0", "labels": {"tensor-fusion.ai/gpupool": "inference"}},
+             "spec": {"instanceType": "p5.48xlarge"}, "status": {"phase": "Bound"}},
+        ],
     )
 
 
@@ -62,12 +68,14 @@ def test_report_per_pool():
     assert a["tflops"] == {"total": "300", "allocated": "130", "free": "170"}
     assert a["vram"] == {"total": "120Gi", "allocated": "8Gi", "free": "112Gi"}
     assert a["pendingPods"] == [{"pod": "ml/big", "reason": "0/3 nodes are available: need 90 TFLOPS free"}]
-    assert a["nodeClaimsInFlight"] == [{"name": "gpu-tf-abc", "nodePool": "gpu", "forPod": "ml/big",
-                                        "state": "Launched"}]
+    assert a["nodeClaimsInFlight"] == [{"kind": "NodeClaim", "name": "gpu-tf-abc", "nodePool": "gpu",
+                                        "forPod": "ml/big", "state": "Launched"}]
     b = pools["inference"]
     assert (b["mode"], b["provisioning"], b["default"], b["gpus"]) == (
         "NodeCompactGPULowLoad", "Karpenter", False, 1)
-    assert b["tflops"]["free"] == "200" and b["pendingPods"] == [] and b["nodeClaimsInFlight"] == []
+    assert b["tflops"]["free"] == "200" and b["pendingPods"] == []
+    assert b["nodeClaimsInFlight"] == [{"kind": "GPUNodeClaim", "name": "inference-x1",
+                                        "instanceType": "p5.48xlarge", "state": "Creating"}]
 
 
 def test_table_names_every_pool_pending_pod_and_claim():
@@ -78,8 +86,8 @@ def test_table_names_every_pool_pending_pod_and_claim():
     assert row.split() == [POOL + "*", "CompactFirst", "AutoSelect", "2", "3", "130/300", "170",
                            "8Gi/120Gi", "112Gi", "2", "1", "1"]
     assert "  ml/big (pool pool-a): 0/3 nodes are available: need 90 TFLOPS free" in lines
-    assert any(line.startswith("  gpu-tf-abc (pool pool-a, NodePool gpu, for ml/big): Launched")
-               for line in lines)
+    assert "  NodeClaim gpu-tf-abc (pool pool-a, NodePool gpu, for ml/big): Launched" in lines
+    assert "  GPUNodeClaim inference-x1 (pool inference, instance type p5.48xlarge): Creating" in lines
 
 
 def test_empty_cluster():
@@ -117,7 +125,7 @@ def test_snapshot_lists_gpu_pods_only_and_every_kind():
     read_snapshot(list_all)
     assert ("pods", "tensor-fusion.ai/component=worker") in asked
     assert {p for p, _ in asked} == {"nodes", "gpus", "gpupools", "schedulingconfigtemplates", "pods",
-                                     "nodeclaims"}
+                                     "nodeclaims", "gpunodeclaims"}
 
 
 def test_cli_parses_status(tmp_path: Any, capsys: pytest.CaptureFixture[str]):
