@@ -29,6 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="port of the verbs, /healthz, /readyz and /metrics")
     serve.add_argument("--bind-address", default="127.0.0.1",
                        help="listen address (default loopback: a sidecar of kube-scheduler)")
+    serve.add_argument("--metrics-port", type=int, default=0,
+                       help="also serve /metrics, /healthz and /readyz (nothing else) on this port, so that "
+                            "Prometheus and the kubelet reach them on the pod IP while the verbs stay on "
+                            "loopback (default 0: off)")
+    serve.add_argument("--metrics-bind-address", default="0.0.0.0",
+                       help="listen address of --metrics-port (default 0.0.0.0)")
     serve.add_argument("--prefix", default="/scheduler", help="URL prefix of the verbs (default /scheduler)")
     serve.add_argument("--kubeconfig", default=None,
                        help="kubeconfig file (default: in-cluster service account, else ~/.kube/config)")
@@ -120,6 +126,7 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     settings = Settings(
         port=args.port, bind_address=args.bind_address, prefix=args.prefix, cert_dir=args.cert_dir,
+        metrics_port=args.metrics_port, metrics_bind_address=args.metrics_bind_address,
         inventory=InventorySource(args.inventory_source), max_pods_per_node=args.max_pods_per_node,
         preemptor=not args.no_preemptor, expansion=expansion_config.from_args(args),
         gpu_status=StatusSettings(interval=args.gpu_status_interval) if args.write_gpu_status else None,

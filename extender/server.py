@@ -228,6 +228,17 @@ def create_app(handlers: Handlers, *, prefix: str = DEFAULT_PREFIX,
     return app
 
 
+def create_monitoring_app(handlers: Handlers) -> web.Application:
+    """/metrics, /healthz and /readyz alone, for a listener on the pod IP (``--metrics-port``), so that
+    Prometheus and the kubelet reach them while the scheduler verbs stay on loopback."""
+    one_line_server_errors()
+    app = web.Application(client_max_size=64 * 1024)
+    app.router.add_get("/healthz", handlers.healthz)
+    app.router.add_get("/readyz", handlers.readyz)
+    app.router.add_get("/metrics", handlers.metrics_page)
+    return app
+
+
 def _json(body: Any, status: int = 200) -> web.Response:
     # orjson: a 5,000-node prioritize answer encodes in ~0.2 ms against ~2 ms with json.dumps
     return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")

@@ -54,6 +54,7 @@ from extender.server import (
     FilterObserver,
     Handlers,
     create_app,
+    create_monitoring_app,
 )
 from extender.state import ClusterState, InventorySource, Kind
 from extender.stranded import StrandedCollector
@@ -68,6 +69,8 @@ POD_SELECTOR = f"{COMPONENT_LABEL}={COMPONENT_WORKER}"
 class Settings:
     port: int = 8080
     bind_address: str = "127.0.0.1"
+    metrics_port: int = 0  # 0: no separate listener (/metrics is on the verbs' port)
+    metrics_bind_address: str = "0.0.0.0"
     prefix: str = DEFAULT_PREFIX
     cert_dir: str | None = None
     cert_interval: float = 30.0
@@ -239,15 +242,26 @@ class ExtenderService:
         runner = web.AppRunner(self.app(), shutdown_timeout=self.settings.shutdown_timeout,
                                access_log=None)
         await runner.setup()
+        monitoring = None
+        if self.settings.metrics_port:
+            monitoring = web.AppRunner(create_monitoring_app(self.handlers), access_log=None)
+            await monitoring.setup()
         try:
             site = web.TCPSite(runner, self.settings.bind_address, self.settings.port,
                                ssl_context=ssl_context)
             await site.start()
             log.info("serving", extra={"address": self.settings.bind_address, "port": self.settings.port,
                                        "tls": ssl_context is not None, "prefix": self.settings.prefix})
+            if monitoring is not None:
+                await web.TCPSite(monitoring, self.settings.metrics_bind_address,
+                                  self.settings.metrics_port).start()
+                log.info("serving metrics", extra={"address": self.settings.metrics_bind_address,
+                                                   "port": self.settings.metrics_port})
             await stop.wait()
             log.info("shutting down")
         finally:
+            if monitoring is not None:
+                await monitoring.cleanup()
             await runner.cleanup()  # stops listening, then waits for requests in flight
             await self.binder.drain(self.settings.shutdown_timeout)
             for task in tasks:

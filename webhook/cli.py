@@ -18,7 +18,13 @@ import yaml
 from extender.logs import setup_logging
 from webhook.karpenter import DoNotDisruptSwitch, Mode, api_probe, running
 from webhook.mutation import mutate
-from webhook.server import DEFAULT_REQUEST_TIMEOUT, DEFAULT_SCHEDULER_NAME, WebhookService, create_app
+from webhook.server import (
+    DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_SCHEDULER_NAME,
+    WebhookService,
+    create_app,
+    create_monitoring_app,
+)
 from webhook.view import ObjectsError, StaticClusterView, load_objects
 
 log = logging.getLogger("webhook.cli")
@@ -34,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve the mutating admission webhook over HTTPS")
     serve.add_argument("--port", type=int, default=9443)
     serve.add_argument("--bind-address", default="0.0.0.0")
+    serve.add_argument("--metrics-port", type=int, default=0,
+                       help="also serve /metrics, /healthz and /readyz over plain HTTP on this port "
+                            "(default 0: off; they are always on the HTTPS port too)")
     serve.add_argument("--cert-dir", required=True, type=Path,
                        help="directory with tls.crt and tls.key, reloaded when they change")
     serve.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster)")
@@ -133,6 +142,10 @@ async def serve(args: argparse.Namespace) -> int:
     service.metrics.track_certificate(Path(args.cert_dir) / TLS_CERT)
     runner = web.AppRunner(create_app(service), access_log=None)
     await runner.setup()
+    monitoring = None
+    if args.metrics_port:
+        monitoring = web.AppRunner(create_monitoring_app(service), access_log=None)
+        await monitoring.setup()
     caches.start()
     reloader = asyncio.create_task(watch_certificates(ssl_context, args.cert_dir, args.cert_reload_interval))
     stop = asyncio.Event()
@@ -142,6 +155,8 @@ async def serve(args: argparse.Namespace) -> int:
     try:
         async with running(switch):
             await web.TCPSite(runner, args.bind_address, args.port, ssl_context=ssl_context).start()
+            if monitoring is not None:
+                await web.TCPSite(monitoring, args.bind_address, args.metrics_port).start()
             log.info("serving", extra={"address": args.bind_address, "port": args.port,
                                        "scheduler_name": args.scheduler_name,
                                        "karpenter_do_not_disrupt": mode.value})
@@ -153,6 +168,8 @@ async def serve(args: argparse.Namespace) -> int:
         reloader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reloader
+        if monitoring is not None:
+            await monitoring.cleanup()
         await runner.cleanup()
         await caches.stop()
     return 0

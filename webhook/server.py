@@ -64,6 +64,18 @@ def create_app(service: WebhookService, *, max_body_bytes: int = MAX_BODY_BYTES)
     return app
 
 
+def create_monitoring_app(service: WebhookService) -> web.Application:
+    """/metrics, /healthz and /readyz over plain HTTP on a port of their own (``--metrics-port``), so that a
+    NetworkPolicy can admit the API server to the admission port and Prometheus to this one."""
+    one_line_server_errors()
+    app = web.Application(client_max_size=64 * 1024)
+    app[SERVICE_KEY] = service
+    app.router.add_get("/healthz", handle_healthz)
+    app.router.add_get("/readyz", handle_readyz)
+    app.router.add_get("/metrics", handle_metrics)
+    return app
+
+
 async def handle_healthz(_request: web.Request) -> web.Response:
     return web.Response(text="ok")
 

@@ -599,7 +599,8 @@ def render_kustomization(directory: Path) -> list[dict]:
     """Render a kustomization the way ``kustomize build`` does for the features manifests/ uses:
     ``resources`` (files and nested kustomization directories) and ``configMapGenerator`` with ``files``
     (``key=path`` or ``path``), ``literals``, ``namespace``, ``options.labels/annotations`` and
-    ``disableNameSuffixHash: true``. Anything else raises, so the renderer never silently diverges."""
+    ``disableNameSuffixHash: true``, and ``images`` (name, newName, newTag). Anything else raises, so the
+    renderer never silently diverges."""
     directory = Path(directory)
     kfile = next(
         (
@@ -612,7 +613,7 @@ def render_kustomization(directory: Path) -> list[dict]:
     if kfile is None:
         raise FileNotFoundError(f"no kustomization in {directory}")
     k = yaml.safe_load(kfile.read_text()) or {}
-    supported = {"apiVersion", "kind", "resources", "configMapGenerator", "generatorOptions"}
+    supported = {"apiVersion", "kind", "resources", "configMapGenerator", "generatorOptions", "images"}
     unsupported = set(k) - supported
     if unsupported:
         raise NotImplementedError(f"{kfile}: unsupported kustomization fields {sorted(unsupported)}")
@@ -642,6 +643,13 @@ def render_kustomization(directory: Path) -> list[dict]:
         if opts.get("annotations"):
             meta["annotations"] = dict(opts["annotations"])
         out.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data})
+    for image in k.get("images", []):  # name -> newName/newTag, on every container of every pod template
+        for obj in out:
+            pod_spec = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+            for container in [*pod_spec.get("containers", []), *pod_spec.get("initContainers", [])]:
+                name, _, tag = container["image"].partition(":")
+                if name == image["name"]:
+                    container["image"] = f"{image.get('newName', name)}:{image.get('newTag', tag)}"
     return out
 
 

@@ -487,8 +487,10 @@ def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):
     ext = next(c for c in sched_pod["containers"] if c["name"] == "extender")
     sa_kc = sa_kubeconfig(cp, sched_pod["serviceAccountName"])
     port = cpl.free_port()
+    # every metrics listener gets a free port too: in a pod it is the pod's own, here all share loopback
     extender = _local(
-        cp, started, "chart-extender", ext["command"], [f"--port={port}", f"--kubeconfig={sa_kc}"]
+        cp, started, "chart-extender", ext["command"],
+        [f"--port={port}", f"--metrics-port={cpl.free_port()}", f"--kubeconfig={sa_kc}"],
     )
     cpl.wait_until(
         lambda: cpl.http_ready(f"http://127.0.0.1:{port}/readyz", extender), 60, what="the chart's extender"
@@ -517,6 +519,7 @@ def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):
         web["command"],
         [
             f"--port={web_port}",
+            f"--metrics-port={cpl.free_port()}",
             "--bind-address=127.0.0.1",
             f"--cert-dir={cert_dir}",
             f"--kubeconfig={web_kc}",

@@ -94,6 +94,10 @@ def test_every_manifest_passes_server_side_dry_run(dyn, project_namespace, karpe
         "PodDisruptionBudget/tensor-fusion-webhook",
         "Service/tensor-fusion-webhook",
         "MutatingWebhookConfiguration/tensor-fusion-webhook",
+        "PodDisruptionBudget/tensor-fusion-scheduler",
+        "NetworkPolicy/tensor-fusion-default-deny-ingress",
+        "NetworkPolicy/tensor-fusion-webhook-admission",
+        "NetworkPolicy/tensor-fusion-metrics",
         "ValidatingAdmissionPolicy/tensor-fusion-allocations",
         "ValidatingAdmissionPolicyBinding/tensor-fusion-allocations",
         "ValidatingAdmissionPolicy/tensor-fusion-extender-pod-writes",
@@ -207,8 +211,9 @@ def test_shipped_rbac_grants_what_the_components_need_and_no_more(api_client, dy
         ("create", "nodeclaims", "karpenter.sh", ""),
         ("patch", "gpus", "tensor-fusion.ai", "status"),  # --write-gpu-status
         ("patch", "gpupools", "tensor-fusion.ai", "status"),
-        ("list", "poddisruptionbudgets", "policy", ""),  # defragmentation
-        ("create", "pods", "", "eviction"),
+        ("list", "poddisruptionbudgets", "policy", ""),  # defragmentation, preemption
+        ("watch", "poddisruptionbudgets", "policy", ""),  # preemption's PDB cache
+        ("create", "pods", "", "eviction"),  # preemption and defragmentation evict, never delete
         ("delete", "nodeclaims", "karpenter.sh", ""),  # compaction releases Karpenter-mode nodes
     ]:
         assert can("tensor-fusion-scheduler", verb, res, group, ns="default", sub=sub)
@@ -235,6 +240,10 @@ def test_shipped_rbac_grants_what_the_components_need_and_no_more(api_client, dy
         ("tensor-fusion-scheduler", "list", "secrets", ""),
         ("tensor-fusion-scheduler", "update", "gpus", "tensor-fusion.ai"),
         ("tensor-fusion-scheduler", "update", "poddisruptionbudgets", "policy"),
+        ("tensor-fusion-webhook", "list", "replicasets", "apps"),  # the webhook only gets owners
+        ("tensor-fusion-webhook", "watch", "replicasets", "apps"),
+        ("tensor-fusion-webhook", "list", "jobs", "batch"),
+        ("tensor-fusion-webhook", "watch", "jobs", "batch"),
     ]:
         assert not _can(api_client, sa, verb, res, group, ns="default"), (sa, verb, res)
 

@@ -96,10 +96,10 @@ def test_scheduler_deployment_matches_config(sched_cfg):
     spec = dep["spec"]["template"]["spec"]
     sched, extender = spec["containers"]
     assert sched["image"] == "registry.k8s.io/kube-scheduler:v1.36.3"
-    assert extender["image"] == "tensor-fusion-extender:latest"
+    assert extender["image"] == "tensor-fusion-extender"  # tagged by kustomization.yaml
     assert extender["command"][:2] == ["tf-extender", "serve"]
     assert "--port=8080" in extender["command"] and "--bind-address=127.0.0.1" in extender["command"]
-    assert "ports" not in extender  # loopback only
+    assert extender["ports"] == [{"name": "metrics", "containerPort": 9090}]  # the verbs: loopback only
     assert spec["serviceAccountName"] == "tensor-fusion-scheduler"
     assert spec["volumes"] == [{"name": "config", "configMap": {"name": "tensor-fusion-scheduler-config"}}]
 
@@ -132,6 +132,7 @@ def test_webhook_scope_matches_design():
         "tf-webhook",
         "serve",
         "--port=9443",
+        "--metrics-port=9090",
         "--cert-dir=/certs",
     ]
     assert find("PodDisruptionBudget", "tensor-fusion-webhook")["spec"]["minAvailable"] == 1
@@ -304,3 +305,37 @@ def test_crds_keep_the_fields_the_design_reads():
     for f in ("resources", "gpuCount", "isolation", "qos", "gpuModel", "autoScalingConfig"):
         assert f in wp
     assert "autoSetResources" in wp["autoScalingConfig"]["properties"]
+
+
+def test_the_image_version_is_set_once_and_is_the_release() -> None:
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    release = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+    kustomization = yaml.safe_load((root / "manifests" / "kustomization.yaml").read_text())
+    assert kustomization["images"] == [{"name": "tensor-fusion-extender", "newTag": release}]
+    chart = yaml.safe_load((root / "charts" / "tensor-fusion-extender" / "Chart.yaml").read_text())
+    assert chart["appVersion"] == release
+    for name in ("scheduler.yaml", "webhook.yaml"):  # no tag in the Deployments: kustomize sets it
+        for doc in yaml.safe_load_all((root / "manifests" / name).read_text()):
+            for container in ((doc or {}).get("spec", {}).get("template", {}).get("spec", {})
+                              .get("containers", [])):
+                if container["image"].startswith("tensor-fusion-extender"):
+                    assert container["image"] == "tensor-fusion-extender"
+
+
+def test_both_containers_have_liveness_probes_and_metrics_on_a_named_port() -> None:
+    root = Path(__file__).resolve().parents[2]
+    containers = {}
+    for name in ("scheduler.yaml", "webhook.yaml"):
+        for doc in yaml.safe_load_all((root / "manifests" / name).read_text()):
+            if doc and doc["kind"] == "Deployment":
+                for container in doc["spec"]["template"]["spec"]["containers"]:
+                    containers[container["name"]] = container
+    for name in ("kube-scheduler", "extender", "webhook"):
+        assert "livenessProbe" in containers[name], name
+    for name in ("extender", "webhook"):
+        assert {"name": "metrics", "containerPort": 9090} in containers[name]["ports"]
+        assert "--metrics-port=9090" in containers[name]["command"]
+        assert containers[name]["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert "--bind-address=127.0.0.1" in containers["extender"]["command"]  # the verbs stay on loopback

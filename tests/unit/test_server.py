@@ -287,3 +287,13 @@ def test_app_routes() -> None:
     paths = {r.resource.canonical for r in app.router.routes() if isinstance(r.resource, web.Resource)}
     assert {"/scheduler/filter", "/scheduler/prioritize", "/scheduler/bind", "/scheduler/preempt",
             "/healthz", "/readyz", "/metrics"} <= paths
+
+
+async def test_the_metrics_listener_serves_health_and_metrics_but_no_verb(aiohttp_client: Any,
+                                                                          world: World) -> None:
+    from extender.server import create_monitoring_app
+
+    monitoring = await aiohttp_client(create_monitoring_app(world.handlers))
+    for path in ("/healthz", "/readyz", "/metrics"):
+        assert (await monitoring.get(path)).status == 200, path
+    assert (await monitoring.post("/scheduler/filter", data=b"{}")).status in (404, 405)

@@ -274,3 +274,13 @@ async def test_serve_answers_over_https(tmp_path: Path, monkeypatch: pytest.Monk
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_the_metrics_listener_serves_health_and_metrics_only(aiohttp_client: ClientFactory) -> None:
+    from webhook.server import create_monitoring_app
+
+    service = WebhookService(static_view, Ready(), scheduler_name="gpu-sched")
+    monitoring = await aiohttp_client(create_monitoring_app(service))
+    for path in ("/healthz", "/readyz", "/metrics"):
+        assert (await monitoring.get(path)).status == 200, path
+    assert (await monitoring.post("/mutate", data=b"{}")).status in (404, 405)
