@@ -382,8 +382,11 @@ def start_extender(cluster: Any, port: int, workdir: Path, what_if: bool = False
         argv = [sys.executable, "-m", "bench.whatif_extender"]
     name = "tf-extender-whatif.log" if what_if else "tf-extender.log"
     logf = open(workdir / name, "wb")  # noqa: SIM115 - closed with the process
+    # --no-gpu-reservations: the bench's nodes advertise nvidia.com/gpu for the baseline phase only; GPU
+    # reservation pods (for the Cluster Autoscaler) are not what is measured here.
     proc = subprocess.Popen([*argv, "serve", "--port", str(port), "--bind-address", "127.0.0.1",
-                             "--kubeconfig", str(cluster.kubeconfig)], cwd=str(REPO_ROOT),
+                             "--kubeconfig", str(cluster.kubeconfig), "--no-gpu-reservations"],
+                            cwd=str(REPO_ROOT),
                             stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

@@ -20,9 +20,11 @@ from kubernetes import client
 
 from extender.kube.client import ApiException
 
-# Concurrent requests beyond this wait for a free connection instead of opening more: a burst of
-# binds against a slow API server must not turn into hundreds of TLS handshakes.
-POOL_SIZE = 32
+# HTTP/1.1 carries one request per connection at a time, so this bounds the binds in flight at the API
+# server; more wait for a free connection. Measured: with 32, a starved API server (binds taking seconds)
+# left binds queueing over 10 s for a connection while kube-apiserver had room for more in parallel.
+# kube-apiserver's own limit (--max-mutating-requests-inflight) is 200 by default.
+POOL_SIZE = 128
 
 
 class UnknownOutcome(Exception):
@@ -91,8 +93,9 @@ class AsyncKube:
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         session = self._session_now()
         server_hostname = getattr(self.configuration, "tls_server_name", None) or None
-        # connect covers waiting for a pooled connection too; sock_read is the wait for the answer.
-        limits = aiohttp.ClientTimeout(total=None, connect=timeout, sock_read=timeout)
+        # Waiting for a free pooled connection is not limited (a queue, not a failure); opening one is
+        # (sock_connect), and so is the wait for the answer (sock_read).
+        limits = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
         try:
             async with session.request(
                 method, self.host + path, data=data, params=query,
