@@ -560,7 +560,7 @@ def report(nodes: int, pods: int, phases: dict[str, list[dict[str, Any]]]) -> Be
         "nvidia.com/gpu: 8 for the baseline. kwok marks bound pods Running.",
         "attempts: kube-scheduler's scheduler_schedule_attempts_total; an error is a failed scheduling "
         "attempt, e.g. a bind refused because another pod took the node's last room between this pod's "
-        "filter and its bind, or not answered within the extender's bind deadline (25 s).",
+        "filter and its bind, or not answered within the extender's bind deadline (55 s).",
     ]
     share = Table("Extender's share of scheduling time (median project round)",
                   ["verb", "calls", "extender s", "mean ms/call", "share of bind span"])

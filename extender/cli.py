@@ -47,9 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="at most this many GPU pods per node (default 256)")
     serve.add_argument("--no-preemptor", action="store_true",
                        help="do not delete lower-priority GPU pods for pods that fit nowhere")
-    serve.add_argument("--bind-deadline", type=_positive_seconds, default=25.0,
+    serve.add_argument("--bind-deadline", type=_positive_seconds, default=55.0,
                        help="answer a bind within this many seconds, even while its outcome is still being "
-                            "found out; keep it below the scheduler's extender httpTimeout (default 25)")
+                            "found out; keep it below the scheduler's extender httpTimeout (default 55)")
     serve.add_argument("--filter-first-choice", action=argparse.BooleanOptionalAction, default=True,
                        help="filter answers only the node the extender would score highest, so "
                             "kube-scheduler skips prioritize (one extender call per pod instead of two); "

@@ -11,8 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# up to 30 s: a bind may take up to its 25 s deadline on a slow API server
-_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# up to 60 s: a bind may take up to its 55 s deadline on a slow API server
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 @dataclass(frozen=True)

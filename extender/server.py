@@ -43,8 +43,8 @@ FilterObserver = Callable[[dict[str, Any], FilterOutcome], None]
 DEFAULT_PREFIX = "/scheduler"
 DEFAULT_DEADLINE = 4.0  # kube-scheduler's extender httpTimeout defaults to 5 s
 # A bind answers by then even if its outcome is still unknown; chosen together with the httpTimeout of
-# manifests/scheduler/kube-scheduler-config.yaml (30 s), which explains both numbers.
-DEFAULT_BIND_DEADLINE = 25.0
+# manifests/scheduler/kube-scheduler-config.yaml (60 s), which explains both numbers.
+DEFAULT_BIND_DEADLINE = 55.0
 DEFAULT_MAX_BODY = 64 * 1024 * 1024  # full-Node filter calls of a large cluster are big
 
 STATE_KEY = web.AppKey("state", ClusterState)

@@ -20,11 +20,12 @@ from kubernetes import client
 
 from extender.kube.client import ApiException
 
-# HTTP/1.1 carries one request per connection at a time, so this bounds the binds in flight at the API
-# server; more wait for a free connection. Measured: with 32, a starved API server (binds taking seconds)
-# left binds queueing over 10 s for a connection while kube-apiserver had room for more in parallel.
-# kube-apiserver's own limit (--max-mutating-requests-inflight) is 200 by default.
-POOL_SIZE = 128
+# HTTP/1.1 carries one request per connection at a time, so this bounds the writes in flight at the API
+# server; more wait their turn for a connection (a queue, not a failure). Measured on a starved API server
+# (the contended benchmark): 128 in flight made every request slower than the client's timeout and bound
+# 2.5 pods/s, 32 bound 8 pods/s, while kube-scheduler's own client (rate-limited, so few in flight)
+# bound 18-28 pods/s. A busy API server serves a few requests at a time faster than many.
+POOL_SIZE = 8
 
 
 class UnknownOutcome(Exception):

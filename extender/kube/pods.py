@@ -12,9 +12,10 @@ from typing import Any, Protocol, cast
 from extender.kube.aio import AsyncKube
 from extender.kube.resources import PODS, object_path
 
-# One request's limit. A slow but healthy API server answers well inside it; a request that takes
-# longer has an unknown outcome, which the binder resolves by asking again (see extender/binder.py).
-REQUEST_TIMEOUT = 10.0
+# One request's limit once sent (waiting for a connection is not counted). A slow but healthy API server
+# answers well inside it; a request that takes longer has an unknown outcome, which the binder resolves by
+# asking again (see extender/binder.py), adding load: so not shorter than a busy API server needs.
+REQUEST_TIMEOUT = 20.0
 
 
 class PodApi(Protocol):

@@ -78,7 +78,7 @@ def test_scheduler_configuration(sched_cfg):
         "bind",
         "preempt",
     )
-    assert ext["nodeCacheCapable"] is True and ext["enableHTTPS"] is False and ext["httpTimeout"] == "30s"
+    assert ext["nodeCacheCapable"] is True and ext["enableHTTPS"] is False and ext["httpTimeout"] == "60s"
     assert [m["name"] for m in ext["managedResources"]] == INDEX_NAMES
     assert all(m["ignoredByScheduler"] is True for m in ext["managedResources"])
 
