@@ -51,6 +51,7 @@ NodeLookup = Callable[[str], Mapping[str, Any] | None]
 class Plan:
     create: list[tuple[str, str]]  # (gpu, node)
     delete: list[tuple[str, str, str]]  # (pod name, uid, why)
+    refused: list[str]  # GPUs whose reservation pod the node refused (deleted above, replaced later)
 
 
 def wanted(held: Mapping[str, str], node: NodeLookup) -> dict[str, str]:
@@ -71,6 +72,7 @@ def plan(want: Mapping[str, str], existing: Sequence[Mapping[str, Any]],
     """What to create and delete so that exactly one live reservation pod exists per wanted GPU."""
     have: dict[str, Mapping[str, Any]] = {}
     delete: list[tuple[str, str, str]] = []
+    refused: list[str] = []
     for pod in sorted(existing, key=lambda p: str((p.get("metadata") or {}).get("name"))):
         meta = pod.get("metadata") or {}
         name, uid = str(meta.get("name") or ""), str(meta.get("uid") or "")
@@ -88,12 +90,13 @@ def plan(want: Mapping[str, str], existing: Sequence[Mapping[str, Any]],
             delete.append((name, uid, "a duplicate"))
         elif (pod.get("status") or {}).get("phase") == "Failed":
             delete.append((name, uid, "the node refused it"))
+            refused.append(gpu)
             have[gpu] = pod
         else:
             have[gpu] = pod
     create = [(gpu, node) for gpu, node in sorted(want.items())
               if gpu not in have and not failed_recently(gpu)]
-    return Plan(create, delete)
+    return Plan(create, delete, refused)
 
 
 class ReservationKeeper:
@@ -150,11 +153,9 @@ class ReservationKeeper:
     async def reconcile(self) -> Plan:
         want = wanted(self.state.held_gpus(), self.nodes.get)
         todo = plan(want, self.cache.list(), self._failed_recently)
+        for gpu in todo.refused:
+            self._failed_at[gpu] = self._clock()
         for name, uid, why in todo.delete:
-            if why == "the node refused it":
-                gpu = next((str(((p.get("metadata") or {}).get("annotations") or {}).get(RESERVED_GPU))
-                            for p in self.cache.list() if (p.get("metadata") or {}).get("uid") == uid), "")
-                self._failed_at[gpu] = self._clock()
             try:
                 await self.writer.delete_pod(self.config.namespace, name, uid)
                 log.info("GPU reservation pod deleted", extra={"pod": name, "reason": why})

@@ -75,6 +75,7 @@ def test_the_plan_creates_missing_deletes_stale_and_replaces_refused_pods() -> N
                     reservation_name("moved"): "its GPU is on node b now",
                     reservation_name("b-g0"): "the node refused it"}
     after = [existing("a-g0", "a")]
+    assert todo.refused == ["b-g0"]
     assert plan(want, after).create == [("a-g1", "a"), ("b-g0", "b"), ("moved", "b")]
     assert plan(want, after, failed_recently=lambda gpu: gpu == "b-g0").create == [("a-g1", "a"),
                                                                                   ("moved", "b")]
@@ -86,3 +87,65 @@ def test_after_a_restart_the_same_ledger_gives_the_same_pods() -> None:
     todo = plan(want, pods)
     assert todo.create == [] and todo.delete == []
     assert plan({}, pods).create == [] and len(plan({}, pods).delete) == 2
+
+
+# --- the keeper against an in-memory cluster ----------------------------------------------------------
+
+
+class Writer:
+    """Stands in for the API server: created pods appear in the keeper's cache, deleted ones leave it."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+        self.created: list[str] = []
+        self.deleted: list[str] = []
+
+    async def create_pod(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        created = {**body, "metadata": {**body["metadata"], "uid": f"uid-{len(self.created)}"},
+                   "status": {"phase": "Running"}}
+        self.created.append(body["metadata"]["annotations"][RESERVED_GPU])
+        self.cache.handle("ADDED", created)
+        return created
+
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        self.deleted.append(name)
+        pod = self.cache.get(name, namespace)
+        if pod is not None:
+            self.cache.handle("DELETED", pod)
+
+
+async def test_the_keeper_follows_the_ledger_and_backs_off_from_refused_pods() -> None:
+    from extender_fakes import gpu, pod
+
+    from extender.expansion.provisioner import AutoscalerConfig
+    from extender.reservations import RETRY_FAILED_SECONDS, ReservationKeeper
+    from extender.state import ClusterState, Kind
+
+    now = [0.0]
+    state = ClusterState()
+    nodes = {"a": node("a")}
+    state.apply(Kind.GPU, "ADDED", gpu("a-g0", "a"))
+    keeper = ReservationKeeper(AutoscalerConfig(namespace=NS), None, state, nodes,  # type: ignore[arg-type]
+                               ready=lambda: None, clock=lambda: now[0])  # type: ignore[arg-type, return-value]
+    writer = Writer(keeper.cache)
+    keeper.writer = writer  # type: ignore[assignment]
+    await keeper.reconcile()
+    assert writer.created == []  # nobody holds a share yet
+
+    state.apply(Kind.POD, "ADDED", pod("p", "u1", node="a", gpu_ids="a-g0", phase="Running"))
+    await keeper.reconcile()
+    await keeper.reconcile()
+    assert writer.created == ["a-g0"]  # once, then it exists
+    assert keeper.gauge._value.get() == 1
+
+    (held,) = keeper.cache.list()
+    keeper.cache.handle("MODIFIED", {**held, "status": {"phase": "Failed"}})  # the kubelet refused it
+    await keeper.reconcile()
+    assert writer.deleted == [held["metadata"]["name"]] and writer.created == ["a-g0"]
+    now[0] += RETRY_FAILED_SECONDS + 1
+    await keeper.reconcile()
+    assert writer.created == ["a-g0", "a-g0"]
+
+    state.apply(Kind.POD, "DELETED", pod("p", "u1", node="a", gpu_ids="a-g0", phase="Running"))
+    await keeper.reconcile()
+    assert keeper.cache.list() == [] and keeper.gauge._value.get() == 0
