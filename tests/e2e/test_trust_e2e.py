@@ -167,12 +167,18 @@ def _not_believed(api_client, extender, namespace: str, name: str, reason: str, 
     return events[0].message
 
 
-def test_a_forged_allocation_never_takes_a_gpu_over_capacity(gpu_cluster, extender, api_client, namespace,
-                                                             gpu_node):
+def _eighty_of_a_gpu(api_client, extender, namespace: str, gpu_node) -> tuple[str, str, str]:
+    """Pod ``a`` placed by the GPU scheduler with 80 of its GPU's 100 TFLOPS; returns (pool, node, gpu)."""
     pool, node, gpu = gpu_node()
     cpl.create_pod(api_client, namespace, cpl.gpu_pod_body("a", pool=pool, tflops="80", vram="8Gi"))
     assert cpl.placement(api_client, namespace, "a") == (node, [gpu])
     _wait_percent(extender, node, 80.0)
+    return pool, node, gpu
+
+
+def test_a_forged_allocation_never_takes_a_gpu_over_capacity(gpu_cluster, extender, api_client, namespace,
+                                                             gpu_node):
+    pool, node, gpu = _eighty_of_a_gpu(api_client, extender, namespace, gpu_node)
     before = extender.metric("tf_extender_distrusted_allocations_total", reason="over_capacity") or 0
     _forge(api_client, namespace, "forged", pool, node, gpu, tflops="80")  # would be 160 %
     message = _not_believed(api_client, extender, namespace, "forged", "over_capacity", before)
@@ -201,10 +207,7 @@ def test_a_gpu_of_another_node_is_not_counted(gpu_cluster, extender, api_client,
 
 def test_a_record_changed_after_the_bind_is_not_believed(gpu_cluster, extender, api_client, namespace,
                                                          gpu_node):
-    pool, node, gpu = gpu_node()
-    cpl.create_pod(api_client, namespace, cpl.gpu_pod_body("a", pool=pool, tflops="80", vram="8Gi"))
-    assert cpl.placement(api_client, namespace, "a") == (node, [gpu])
-    _wait_percent(extender, node, 80.0)
+    pool, node, _ = _eighty_of_a_gpu(api_client, extender, namespace, gpu_node)
     before = extender.metric("tf_extender_distrusted_allocations_total", reason="record_changed") or 0
     # past the policy: the request and the record itself rewritten to nothing
     zero = {P + "tflops-request": "0", P + "tflops-limit": "0", P + "allocated": "tflops=0,vram=0"}
