@@ -77,7 +77,7 @@ class Metrics:
         self.partially_used = Gauge(
             "tf_extender_partially_used_gpus", "GPUs that are neither idle nor full", registry=r)
         self.preemptions = Counter(
-            "tf_extender_preemptions_total", "Pods deleted to make room for higher-priority GPU pods",
+            "tf_extender_preemptions_total", "Pods evicted to make room for higher-priority GPU pods",
             ["outcome"], registry=r)
         self.distrusted = Counter(
             "tf_extender_distrusted_allocations_total",

@@ -297,3 +297,24 @@ async def test_the_metrics_listener_serves_health_and_metrics_but_no_verb(aiohtt
     for path in ("/healthz", "/readyz", "/metrics"):
         assert (await monitoring.get(path)).status == 200, path
     assert (await monitoring.post("/scheduler/filter", data=b"{}")).status in (404, 405)
+
+
+class _EveryVictimGuarded:
+    """A PDB view in which every pod is covered by a budget that allows no disruption."""
+
+    def protected(self, pod_key: str) -> bool:
+        return True
+
+    def violations(self, pod_keys: Any) -> int:
+        return len(pod_keys)
+
+
+async def test_preempt_reports_the_pdb_violations_it_cannot_avoid(aiohttp_client: Any, world: World) -> None:
+    world.add_pod(wire_pod("low", "u-low", tflops="90", priority=1, node="n1", gpu_ids="g1"))
+    handlers = Handlers(world.state, world.binder, world.metrics, unsynced=lambda: [],
+                        pdb=_EveryVictimGuarded())
+    http = await aiohttp_client(create_app(handlers))
+    status, body = await post(http, "preempt", {"Pod": wire_pod("vip", "u-vip", tflops="50", priority=1000),
+                                                "NodeNameToMetaVictims": {"n1": {"Pods": []}}})
+    assert status == 200
+    assert body["NodeNameToMetaVictims"] == {"n1": {"Pods": [{"UID": "u-low"}], "NumPDBViolations": 1}}
