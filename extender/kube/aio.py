@@ -21,11 +21,11 @@ from kubernetes import client
 from extender.kube.client import ApiException
 
 # HTTP/1.1 carries one request per connection at a time, so this bounds the writes in flight at the API
-# server; more wait their turn for a connection (a queue, not a failure). Measured on a starved API server
-# (the contended benchmark): 128 in flight made every request slower than the client's timeout and bound
-# 2.5 pods/s, 32 bound 8 pods/s, while kube-scheduler's own client (rate-limited, so few in flight)
-# bound 18-28 pods/s. A busy API server serves a few requests at a time faster than many.
-POOL_SIZE = 8
+# server; more wait their turn for a connection (a queue, not a failure). Measured in the benchmark's
+# variants (QUICK, load average 12-23 on 2 cores, so rough): on a starved API server 128 in flight bound
+# 2.5 pods/s with most requests past their timeout, 32 bound 8 pods/s and 8 bound 6.5 pods/s; on a busy
+# but not starved one 8 left binds queueing (p50 11 s against 0.5 s with more connections).
+POOL_SIZE = 32
 
 
 class UnknownOutcome(Exception):
