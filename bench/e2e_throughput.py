@@ -654,7 +654,8 @@ def variants_table(pods: int, phases: dict[str, list[dict[str, Any]]], base: dic
         "phase (tests/e2e/starve.py). unthrottled: clientConnection qps 500, burst 1000 for both phases.",
         "bind p50/p99: the extender's bind handler time (tf_extender_request_duration_seconds, verb=bind) "
         "for the project; kube-scheduler's Bind extension point for the baseline; interpolated in the "
-        "histogram buckets.",
+        "histogram buckets. A figure equal to the largest finite bucket (0.2048 s for kube-scheduler's) "
+        "means at least that.",
     ]
     return table, targets
 
