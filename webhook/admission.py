@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from webhook.mutation import MutationResult, is_opted_in, mutate
+from webhook.memo import Mutation, MutationCache
+from webhook.mutation import is_opted_in, mutate
 from webhook.view import ClusterView
 
 API_VERSION = "admission.k8s.io/v1"
@@ -125,7 +126,10 @@ def wants_mutation(request: AdmissionRequest) -> bool:
 
 
 def admit(request: AdmissionRequest, view: ClusterView, *, scheduler_name: str,
-          next_index: Callable[[], int], do_not_disrupt: bool = False) -> Decision:
+          next_index: Callable[[], int], do_not_disrupt: bool = False,
+          cache: MutationCache | None = None, generation: Hashable = 0) -> Decision:
+    """``cache`` (optional) memoizes the mutation; ``generation`` must change whenever the view's pools,
+    profiles or templates do (see ``webhook.memo``)."""
     if not wants_mutation(request):
         return Decision(allow(request.uid), Outcome.SKIPPED)
     if request.object is None:
@@ -133,8 +137,15 @@ def admit(request: AdmissionRequest, view: ClusterView, *, scheduler_name: str,
         return Decision(deny(request.uid, message, 400), Outcome.DENIED, "review", message)
     if not is_opted_in(request.object):
         return Decision(allow(request.uid), Outcome.SKIPPED)
-    result: MutationResult = mutate(request.object, view, scheduler_name=scheduler_name, index=next_index(),
-                                    namespace=request.namespace or None, do_not_disrupt=do_not_disrupt)
+    result: Mutation
+    namespace = request.namespace or None
+    if cache is not None:
+        result = cache.mutate(request.object, view, scheduler_name=scheduler_name, index=next_index(),
+                              namespace=namespace, do_not_disrupt=do_not_disrupt, generation=generation)
+    else:
+        full = mutate(request.object, view, scheduler_name=scheduler_name, index=next_index(),
+                      namespace=namespace, do_not_disrupt=do_not_disrupt)
+        result = Mutation(full.patch, full.denial, full.skipped, full.request)
     if result.skipped:
         return Decision(allow(request.uid), Outcome.SKIPPED)
     if result.denial is not None:

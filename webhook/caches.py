@@ -64,6 +64,11 @@ class ServingCaches:
         self._synced = synced or []
         self._tasks: list[asyncio.Task[None]] = []
         self._caches: list[WatchCache] = []
+        # Bumped on every change of a pool, profile or template: the mutation cache's invalidation.
+        self.generation = 0
+
+    def bump(self, *_event: Any) -> None:
+        self.generation += 1
 
     @classmethod
     def from_api(cls, api_client: Any) -> ServingCaches:
@@ -75,6 +80,8 @@ class ServingCaches:
         serving = cls(pools, profiles, templates, OwnerCache(api_fetcher(api_client)),
                       synced=[cache.synced for cache in caches])
         serving._caches = caches
+        for cache in caches:
+            cache.on_change = serving.bump
         return serving
 
     def ready(self) -> bool:

@@ -131,6 +131,7 @@ async def serve(args: argparse.Namespace) -> int:
     from certs.reload import serving_context, watch_certificates
     from extender.kube.client import load_api_client
     from webhook.caches import ServingCaches
+    from webhook.memo import MutationCache
 
     ssl_context = serving_context(args.cert_dir)
     api_client = load_api_client(args.kubeconfig)
@@ -138,7 +139,8 @@ async def serve(args: argparse.Namespace) -> int:
     mode = Mode(args.karpenter_do_not_disrupt)
     switch = DoNotDisruptSwitch(mode, api_probe(api_client) if mode is Mode.AUTO else None)
     service = WebhookService(caches.view_for, caches.ready, scheduler_name=args.scheduler_name,
-                             request_timeout=args.request_timeout, do_not_disrupt=lambda: switch.enabled)
+                             request_timeout=args.request_timeout, do_not_disrupt=lambda: switch.enabled,
+                             mutation_cache=MutationCache(), generation=lambda: caches.generation)
     service.metrics.track_certificate(Path(args.cert_dir) / TLS_CERT)
     runner = web.AppRunner(create_app(service), access_log=None)
     await runner.setup()

@@ -73,6 +73,8 @@ class MutationResult:
     denial: Denial | None = None
     skipped: bool = False  # not opted in: passed untouched
     request: GPURequest | None = None
+    # positions in spec.containers of the containers that carry the pod index (see ``webhook.memo``)
+    gpu_positions: tuple[int, ...] = ()
 
     @property
     def allowed(self) -> bool:
@@ -100,12 +102,12 @@ def mutate(pod: KubeObject, view: ClusterView, *, scheduler_name: str, index: in
         return MutationResult(pod=pod, denial=forged)
     namespace = namespace or str(pod["metadata"].get("namespace") or "") or "default"
     try:
-        mutated, request = _mutated(pod, view, namespace, scheduler_name, index)
+        mutated, request, positions = _mutated(pod, view, namespace, scheduler_name, index)
         if do_not_disrupt:
             add_do_not_disrupt(mutated["metadata"]["annotations"])
     except ContractError as exc:
         return MutationResult(pod=pod, denial=Denial(str(exc), exc.key))
-    return MutationResult(pod=mutated, patch=diff(pod, mutated), request=request)
+    return MutationResult(pod=mutated, patch=diff(pod, mutated), request=request, gpu_positions=positions)
 
 
 def preset_allocation(pod: KubeObject, scheduler_name: str) -> Denial | None:
@@ -156,7 +158,7 @@ def _shape_problem(pod: KubeObject) -> str | None:
 
 
 def _mutated(pod: KubeObject, view: ClusterView, namespace: str, scheduler_name: str,
-             index: int) -> tuple[KubeObject, GPURequest]:
+             index: int) -> tuple[KubeObject, GPURequest, tuple[int, ...]]:
     new = json.loads(json.dumps(pod))  # a deep copy; several times faster than copy.deepcopy for JSON
     metadata = new["metadata"]
     spec = new["spec"]
@@ -165,6 +167,7 @@ def _mutated(pod: KubeObject, view: ClusterView, namespace: str, scheduler_name:
     containers: list[dict[str, Any]] = spec["containers"]
 
     gpu_containers = _gpu_containers(containers, annotations)
+    positions = tuple(i for i, c in enumerate(containers) if any(c is g for g in gpu_containers))
     native = native_gpu_count(_limits(c) for c in gpu_containers)
 
     inputs = dict(annotations)
@@ -192,7 +195,7 @@ def _mutated(pod: KubeObject, view: ClusterView, namespace: str, scheduler_name:
     metadata["annotations"] = annotations
     metadata["labels"] = labels
     spec["schedulerName"] = scheduler_name
-    _set_index(gpu_containers, index)
+    set_index(gpu_containers, index)
     tolerations = list(spec.get("tolerations") or [])
     if not any(_is_used_by_toleration(t) for t in tolerations):
         spec["tolerations"] = [*tolerations, dict(USED_BY_TOLERATION)]
@@ -202,7 +205,7 @@ def _mutated(pod: KubeObject, view: ClusterView, namespace: str, scheduler_name:
         # The Priority admission plugin resolves the class into these; stale values would conflict.
         spec.pop("priority", None)
         spec.pop("preemptionPolicy", None)
-    return new, request
+    return new, request, positions
 
 
 def _limits(container: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -295,7 +298,9 @@ def _template_autoscale(request: GPURequest, view: ClusterView, labels: Mapping[
     return request
 
 
-def _set_index(containers: list[dict[str, Any]], index: int) -> None:
+def set_index(containers: list[dict[str, Any]], index: int) -> None:
+    """Give ``containers`` (the pod's GPU containers) the pod index: the one they already carry, else
+    ``index``; native GPU resources and other index resources are dropped."""
     existing = next((i for c in containers if (i := decode_index(_limits(c))) is not None), None)
     resource, quantity = index_resource(existing or index)
     for container in containers:

@@ -17,10 +17,10 @@ def escape_pointer_token(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
-def diff(before: Any, after: Any) -> list[PatchOp]:
-    """Operations that turn ``before`` into ``after``."""
+def diff(before: Any, after: Any, path: str = "") -> list[PatchOp]:
+    """Operations that turn ``before`` into ``after``; ``path``: the escaped JSON pointer of both."""
     ops: list[PatchOp] = []
-    _diff(before, after, "", ops)
+    _diff(before, after, path, ops)
     return ops
 
 

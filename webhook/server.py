@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
 from aiohttp import web
@@ -18,6 +18,7 @@ from aiohttp import web
 from extender.logs import describe_exception, one_line_server_errors
 from webhook.admission import Decision, Outcome, ReviewError, admit, deny, parse_review
 from webhook.index import IndexAllocator
+from webhook.memo import MutationCache
 from webhook.metrics import CONTENT_TYPE, WebhookMetrics
 from webhook.view import ClusterView, KubeObject
 
@@ -38,8 +39,14 @@ class WebhookService:
                  scheduler_name: str = DEFAULT_SCHEDULER_NAME, allocator: IndexAllocator | None = None,
                  metrics: WebhookMetrics | None = None,
                  request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                 do_not_disrupt: Callable[[], bool] = lambda: False) -> None:
+                 do_not_disrupt: Callable[[], bool] = lambda: False,
+                 mutation_cache: MutationCache | None = None,
+                 generation: Callable[[], Hashable] = lambda: 0) -> None:
+        """``mutation_cache`` needs ``generation`` to change whenever what ``view_for`` sees of pools,
+        profiles and templates does (``ServingCaches.generation``)."""
         self.view_for = view_for
+        self.mutation_cache = mutation_cache
+        self.generation = generation
         self.do_not_disrupt = do_not_disrupt
         self.ready = ready
         self.scheduler_name = scheduler_name
@@ -111,7 +118,8 @@ async def handle_mutate(request: web.Request) -> web.Response:
                       "pod": _pod_name(review.request.object)}
             view = await service.view_for(review.request.object or {}, review.request.namespace or "default")
             decision = admit(review.request, view, scheduler_name=service.scheduler_name,
-                             next_index=service.allocator.next, do_not_disrupt=service.do_not_disrupt())
+                             next_index=service.allocator.next, do_not_disrupt=service.do_not_disrupt(),
+                             cache=service.mutation_cache, generation=service.generation())
         response = web.json_response(decision.response)
     except web.HTTPRequestEntityTooLarge:
         message = f"AdmissionReview larger than {request.app[MAX_BODY_KEY]} bytes"

@@ -1,0 +1,130 @@
+"""A bounded cache of mutation results, so that pods of one workload skip re-parsing and re-rendering.
+
+The pods a ReplicaSet or Job creates reach the webhook as identical objects (their names are generated
+after admission), so the mutation of the second and later ones is known. The cache key is everything the
+mutation reads:
+
+- the pod itself, as its JSON text (exact: any difference at all is another key);
+- the namespace, the scheduler name and the Karpenter do-not-disrupt switch;
+- the workload name the owner chain gives (owners come from the owner cache, per request);
+- a generation the caller bumps whenever a GPUPool, WorkloadProfile or SchedulingConfigTemplate changes.
+
+The only per-pod part of a mutation is the pod index. Only the GPU containers' resources depend on it, and
+the patch diff visits ``spec.containers`` once, so their operations are one contiguous run of the patch: an
+entry keeps the operations before and after that run, and each admission recomputes just the GPU
+containers' operations with its own index. The patch is therefore identical, operation for operation, to
+what ``mutate`` returns (tests/unit/test_webhook_memo.py checks it).
+
+Not thread-safe: the server uses it from its event loop only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from extender.contract import GPURequest
+from webhook.mutation import Denial, is_opted_in, mutate, set_index
+from webhook.patch import PatchOp, diff
+from webhook.view import ClusterView, KubeObject
+from webhook.workload import workload_name
+
+DEFAULT_MAX_ENTRIES = 512
+# Pods larger than this (as JSON) are mutated without the cache, which bounds its memory (entries x size).
+DEFAULT_MAX_POD_BYTES = 32 * 1024
+_CONTAINERS = "/spec/containers/"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """What admission needs of a mutation: the patch, or a denial, or that the pod was skipped."""
+
+    patch: list[PatchOp]
+    denial: Denial | None = None
+    skipped: bool = False
+    request: GPURequest | None = None
+
+
+@dataclass(frozen=True)
+class _Entry:
+    head: tuple[PatchOp, ...]  # operations before the GPU containers' ones (all of them if none)
+    tail: tuple[PatchOp, ...]
+    gpu_positions: tuple[int, ...]  # empty: the patch does not depend on the index
+    mutation: Mutation
+
+
+class MutationCache:
+    """``mutate`` through a bounded LRU cache; ``hits`` and ``misses`` count lookups."""
+
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES,
+                 max_pod_bytes: int = DEFAULT_MAX_POD_BYTES) -> None:
+        self.max_entries = max_entries
+        self.max_pod_bytes = max_pod_bytes
+        self._entries: OrderedDict[Hashable, _Entry] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def mutate(self, pod: KubeObject, view: ClusterView, *, scheduler_name: str, index: int,
+               namespace: str | None = None, do_not_disrupt: bool = False,
+               generation: Hashable = 0) -> Mutation:
+        """The same patch (or denial) ``webhook.mutation.mutate`` gives for these arguments, provided
+        ``generation`` changed whenever the view's pools, profiles or templates did."""
+        key = self._key(pod, view, scheduler_name, namespace, do_not_disrupt, generation)
+        entry = self._entries.get(key) if key is not None else None
+        if entry is None:
+            self.misses += 1
+            result = mutate(pod, view, scheduler_name=scheduler_name, index=index, namespace=namespace,
+                            do_not_disrupt=do_not_disrupt)
+            mutation = Mutation(result.patch, result.denial, result.skipped, result.request)
+            if key is not None:
+                self._store(key, _entry(result.patch, result.gpu_positions, mutation))
+            return mutation
+        self.hits += 1
+        self._entries.move_to_end(key)
+        if not entry.gpu_positions:
+            return entry.mutation
+        return Mutation([*entry.head, *_index_ops(pod, entry.gpu_positions, index), *entry.tail],
+                        request=entry.mutation.request)
+
+    def _key(self, pod: KubeObject, view: ClusterView, scheduler_name: str, namespace: str | None,
+             do_not_disrupt: bool, generation: Hashable) -> Hashable | None:
+        if not is_opted_in(pod) or not isinstance(pod.get("metadata"), dict):
+            return None  # skipped or denied at once: nothing to save
+        text = json.dumps(pod)
+        if len(text) > self.max_pod_bytes:
+            return None
+        effective = namespace or str(pod["metadata"].get("namespace") or "") or "default"
+        return (text, namespace, scheduler_name, do_not_disrupt, generation,
+                workload_name(pod, effective, view))
+
+    def _store(self, key: Hashable, entry: _Entry) -> None:
+        self._entries[key] = entry
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+
+def _entry(patch: list[PatchOp], gpu_positions: tuple[int, ...], mutation: Mutation) -> _Entry:
+    inside = [i for i, op in enumerate(patch) if str(op["path"]).startswith(_CONTAINERS)]
+    if not inside:
+        # No container changed with this index, so the pod already carries its index (set_index keeps
+        # it): no other index would change a container either.
+        return _Entry(tuple(patch), (), (), mutation)
+    first, last = inside[0], inside[-1]
+    return _Entry(tuple(patch[:first]), tuple(patch[last + 1:]), gpu_positions, mutation)
+
+
+def _index_ops(pod: KubeObject, positions: tuple[int, ...], index: int) -> list[PatchOp]:
+    containers: list[dict[str, Any]] = pod["spec"]["containers"]
+    before = [containers[p] for p in positions]
+    after = json.loads(json.dumps(before))
+    set_index(after, index)
+    ops: list[PatchOp] = []
+    for position, old, new in zip(positions, before, after, strict=True):
+        ops += diff(old, new, f"{_CONTAINERS}{position}")
+    return ops
