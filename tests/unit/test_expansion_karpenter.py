@@ -15,6 +15,7 @@ from extender.expansion.karpenter import (
     INSTANCE_TYPE_ANNOTATION,
     NODEPOOL_ANNOTATION,
     claim_devices,
+    node_usable,
     nominated_claims,
     pool_nodepools,
 )
@@ -301,3 +302,21 @@ async def test_gpu_nodepools_that_consolidate_when_underutilized_get_one_warning
     port.nodepools["safe"]["spec"]["disruption"]["consolidationPolicy"] = "WhenEmptyOrUnderutilized"
     await later(expander, clock, 31)
     assert [name for name, _, _ in port.events].count("safe") == 1
+
+
+@pytest.mark.parametrize(("case", "node", "usable"), [
+    ("ready", {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}, True),
+    ("not ready yet", {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}, False),
+    ("no conditions", {}, False),
+    ("Karpenter has not registered it", {
+        "spec": {"taints": [{"key": "karpenter.sh/unregistered", "effect": "NoExecute"}]},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]}}, False),
+    ("other taints are the scheduler's business", {
+        "spec": {"taints": [{"key": "example.com/gpu", "effect": "PreferNoSchedule"}]},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]}}, True),
+    ("cordoned", {"spec": {"unschedulable": True},
+                  "status": {"conditions": [{"type": "Ready", "status": "True"}]}}, False),
+])
+def test_a_claims_node_counts_as_arrived_only_once_the_scheduler_can_use_it(case: str, node: dict[str, Any],
+                                                                          usable: bool) -> None:
+    assert node_usable(node) is usable, case
