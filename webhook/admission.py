@@ -6,7 +6,6 @@ the request uid when one could be recovered, so the server can still answer with
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from webhook.memo import Mutation, MutationCache
+from webhook.memo import Mutation, MutationCache, encode_patch
 from webhook.mutation import is_opted_in, mutate
 from webhook.view import ClusterView
 
@@ -94,11 +93,13 @@ def _recover_uid(data: dict[str, Any]) -> str | None:
     return uid if isinstance(uid, str) and uid else None
 
 
-def allow(uid: str, patch: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def allow(uid: str, patch: list[dict[str, Any]] | None = None, *,
+          encoded: str | None = None) -> dict[str, Any]:
+    """``encoded``: the patch already encoded (``webhook.memo.encode_patch``)."""
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     if patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+        response["patch"] = encoded if encoded is not None else encode_patch(patch)
     return _review(response)
 
 
@@ -151,4 +152,4 @@ def admit(request: AdmissionRequest, view: ClusterView, *, scheduler_name: str,
     if result.denial is not None:
         message = result.denial.message
         return Decision(deny(request.uid, message, 403), Outcome.DENIED, result.denial.reason, message)
-    return Decision(allow(request.uid, result.patch), Outcome.MUTATED)
+    return Decision(allow(request.uid, result.patch, encoded=result.encoded), Outcome.MUTATED)

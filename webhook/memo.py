@@ -20,10 +20,11 @@ Not thread-safe: the server uses it from its event loop only.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections import OrderedDict
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from extender.contract import GPURequest
@@ -46,6 +47,12 @@ class Mutation:
     denial: Denial | None = None
     skipped: bool = False
     request: GPURequest | None = None
+    encoded: str | None = None  # the patch as the AdmissionReview response carries it, when known
+
+
+def encode_patch(patch: list[PatchOp]) -> str:
+    """The base64 of the JSON Patch, as ``response.patch`` of an AdmissionReview."""
+    return base64.b64encode(json.dumps(patch).encode()).decode()
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,8 @@ class _Entry:
     tail: tuple[PatchOp, ...]
     gpu_positions: tuple[int, ...]  # empty: the patch does not depend on the index
     mutation: Mutation
+    # the finished mutation per pod index (at most 128), its patch encoded once
+    by_index: dict[int, Mutation] = field(default_factory=dict)
 
 
 class MutationCache:
@@ -83,14 +92,22 @@ class MutationCache:
                             do_not_disrupt=do_not_disrupt)
             mutation = Mutation(result.patch, result.denial, result.skipped, result.request)
             if key is not None:
-                self._store(key, _entry(result.patch, result.gpu_positions, mutation))
+                mutation = Mutation(result.patch, result.denial, result.skipped, result.request,
+                                    encode_patch(result.patch) if result.patch else None)
+                entry = _entry(result.patch, result.gpu_positions, mutation)
+                entry.by_index[index] = mutation
+                self._store(key, entry)
             return mutation
         self.hits += 1
         self._entries.move_to_end(key)
         if not entry.gpu_positions:
             return entry.mutation
-        return Mutation([*entry.head, *_index_ops(pod, entry.gpu_positions, index), *entry.tail],
-                        request=entry.mutation.request)
+        known = entry.by_index.get(index)
+        if known is None:
+            patch = [*entry.head, *_index_ops(pod, entry.gpu_positions, index), *entry.tail]
+            known = entry.by_index[index] = Mutation(patch, request=entry.mutation.request,
+                                                     encoded=encode_patch(patch))
+        return known
 
     def _key(self, pod: KubeObject, view: ClusterView, scheduler_name: str, namespace: str | None,
              do_not_disrupt: bool, generation: Hashable) -> Hashable | None:

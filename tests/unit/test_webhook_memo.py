@@ -3,7 +3,9 @@ operation, with its own pod index; a changed pool, profile or template (a new ge
 
 from __future__ import annotations
 
+import base64
 import copy
+import json
 from typing import Any
 
 import jsonpatch
@@ -39,6 +41,8 @@ def owned(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def same(a: Mutation, b: Mutation) -> None:
+    if a.encoded is not None:
+        assert json.loads(base64.b64decode(a.encoded)) == a.patch
     assert (a.patch, a.denial, a.skipped, a.request) == (b.patch, b.denial, b.skipped, b.request)
 
 
