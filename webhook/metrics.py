@@ -25,8 +25,8 @@ class WebhookMetrics:
         self.denials = Counter("tf_webhook_denials_total",
                                "Denied pods, by the annotation key or rule at fault.", ["reason"],
                                registry=self.registry)
-        for outcome in Outcome:
-            self.decisions.labels(outcome=outcome.value)
+        # the labelled children, looked up once (``labels()`` takes a lock and builds a key per call)
+        self._by_outcome = {outcome: self.decisions.labels(outcome=outcome.value) for outcome in Outcome}
 
     def track_certificate(self, cert_file: Path) -> None:
         """Export the serving certificate's expiry (read from the file on each scrape; the server reloads
@@ -37,7 +37,7 @@ class WebhookMetrics:
 
     def observe(self, seconds: float, outcome: Outcome, denial_reason: str | None) -> None:
         self.duration.observe(seconds)
-        self.decisions.labels(outcome=outcome.value).inc()
+        self._by_outcome[outcome].inc()
         if denial_reason is not None:
             self.denials.labels(reason=denial_reason).inc()
 

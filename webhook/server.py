@@ -17,12 +17,14 @@ from aiohttp import web
 
 from extender.logs import describe_exception, one_line_server_errors
 from webhook.admission import Decision, Outcome, ReviewError, admit, deny, parse_review
+from webhook.admission_log import AdmissionLog
 from webhook.index import IndexAllocator
 from webhook.memo import MutationCache
 from webhook.metrics import CONTENT_TYPE, WebhookMetrics
 from webhook.view import ClusterView, KubeObject
 
 log = logging.getLogger("webhook.server")
+admission_log = AdmissionLog(log)
 
 MAX_BODY_BYTES = 3 * 1024 * 1024
 # Below the API server's webhook timeoutSeconds (10 in the shipped configuration), so we answer first.
@@ -144,8 +146,11 @@ async def handle_mutate(request: web.Request) -> web.Response:
     # Every answer that is a denial review (rather than an HTTP error) counts as a denial.
     denied = decision.outcome is Outcome.DENIED or (decision.outcome is Outcome.ERROR and uid is not None)
     service.metrics.observe(elapsed, decision.outcome, decision.reason if denied else None)
-    log.info("admission", extra={**fields, "outcome": decision.outcome.value, "reason": decision.reason,
-                                 "detail": decision.message, "duration_ms": round(elapsed * 1000, 3)})
+    # One line per mutation, denial or error; pods passed untouched only at debug.
+    fields.update(outcome=decision.outcome.value, reason=decision.reason, detail=decision.message,
+                  duration_ms=round(elapsed * 1000, 3))
+    admission_log.write(logging.DEBUG if decision.outcome is Outcome.SKIPPED else logging.INFO, "admission",
+                        fields)
     return response
 
 

@@ -1,0 +1,71 @@
+"""The served webhook with its mutation cache and its cheap admission log: the same answers as without the
+cache, and exactly one JSON line per mutation and per denial (none for untouched pods at info)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from typing import Any
+
+import pytest
+from test_webhook_fixtures import pod, tf
+from test_webhook_server import ClientFactory, post, review, static_view
+
+from webhook import server
+from webhook.admission_log import AdmissionLog
+from webhook.memo import MutationCache
+from webhook.server import WebhookService, create_app
+
+REQUESTS = [
+    ("a", pod(tf(tflops_request="1"))),
+    ("b", pod(tf(tflops_request="1"))),  # the same workload: a cache hit, its own index
+    ("c", pod(tf(tflops_request="1", qos="urgent"))),  # denied
+    ("d", {**pod(), "metadata": {"name": "plain", "labels": {}}}),  # not opted in: passed untouched
+    ("e", pod(tf(tflops_request="1"))),
+]
+
+
+async def answers(aiohttp_client: ClientFactory, cache: MutationCache | None) -> list[tuple[int, Any]]:
+    service = WebhookService(static_view, lambda: True, scheduler_name="gpu-sched", mutation_cache=cache)
+    client = await aiohttp_client(create_app(service))
+    return [await post(client, review(p, uid=uid)) for uid, p in REQUESTS]
+
+
+async def test_cached_service_answers_exactly_as_the_uncached_one(aiohttp_client: ClientFactory) -> None:
+    cache = MutationCache()
+    assert await answers(aiohttp_client, cache) == await answers(aiohttp_client, None)
+    assert (cache.misses, cache.hits) == (2, 2)
+
+
+@pytest.mark.parametrize("level, expected", [
+    (logging.INFO, [("a", "mutated"), ("b", "mutated"), ("c", "denied"), ("e", "mutated")]),
+    (logging.DEBUG,
+     [("a", "mutated"), ("b", "mutated"), ("c", "denied"), ("d", "skipped"), ("e", "mutated")]),
+    (logging.WARNING, []),
+])
+async def test_one_json_line_per_mutation_and_denial(aiohttp_client: ClientFactory, level: int,
+                                                     expected: list[tuple[str, str]],
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    stream = io.StringIO()
+    monkeypatch.setattr(server, "admission_log", AdmissionLog(server.log, stream))
+    caplog.set_level(level, logger=server.log.name)
+    await answers(aiohttp_client, MutationCache())
+    server.admission_log.flush()
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(line["uid"], line["outcome"]) for line in lines] == expected
+    for line in lines:
+        assert {"ts", "level", "logger", "msg", "namespace", "pod", "reason", "duration_ms"} <= set(line)
+        assert (line["logger"], line["msg"]) == ("webhook.server", "admission")
+    denial = [line for line in lines if line["outcome"] == "denied"]
+    if denial:
+        assert denial[0]["reason"] == "tensor-fusion.ai/qos" and "urgent" in denial[0]["detail"]
+
+
+def test_lines_written_outside_an_event_loop_go_out_at_once() -> None:
+    stream = io.StringIO()
+    logger = logging.getLogger("test.admission")
+    logger.setLevel(logging.INFO)
+    AdmissionLog(logger, stream).write(logging.INFO, "admission", {"uid": "x"})
+    assert json.loads(stream.getvalue())["uid"] == "x"
