@@ -59,10 +59,13 @@ def _pending(pod: Mapping[str, Any]) -> bool:
 
 
 def pending_demand(inputs: Inputs, config: PoolConfig, nodes: Sequence[str],
-                   offers: Sequence[Offering]) -> Amount:
+                   offers: Sequence[Offering]) -> tuple[Amount, list[Offering]]:
     """What the pool's pending pods ask for, counting only pods that fit none of the pool's nodes for
-    lack of capacity (every pod when the pool has no node yet) and that an eligible instance type holds."""
+    lack of capacity (every pod when the pool has no node yet) and that an eligible instance type holds;
+    and the offerings that hold every one of those pods (a 4-GPU pod needs a node with 4 GPUs, whatever
+    the cheapest TFLOPS are)."""
     total = ZERO
+    holding = list(offers)
     for pod in inputs.pods:
         if not _pending(pod):
             continue
@@ -83,7 +86,8 @@ def pending_demand(inputs: Inputs, config: PoolConfig, nodes: Sequence[str],
         per_gpu = Amount(request.tflops_on(smallest.instance.tflops_per_gpu),
                          request.vram_on(smallest.instance.vram_per_gpu))
         total = total + per_gpu.times(request.gpu_count)
-    return total
+        holding = [o for o in holding if o in holders]
+    return total, holding
 
 
 def _launch_action(config: PoolConfig, launch: Launch, needed: Gap) -> Action:
@@ -110,10 +114,12 @@ def plan_pool(inputs: Inputs, config: PoolConfig) -> list[Action]:
     nodes = inputs.pool_nodes(config.name)
     capacity = inputs.capacity(config.name, nodes)
     offers = offerings(inputs.catalog, config.requirements)
-    demand = pending_demand(inputs, config, [n.name for n in nodes], offers)
+    demand, holding = pending_demand(inputs, config, [n.name for n in nodes], offers)
     needed = gap(config, capacity, demand)
     if needed.is_zero:
         return []
+    if "demand" in needed.kind and holding:
+        offers = holding  # buy nodes the waiting pods can actually use
     choice = cheapest(offers, needed.amount, room(config, capacity))
     actions = [_launch_action(config, launch, needed) for launch in choice.launches]
     if not choice.launches and not choice.max_reached:

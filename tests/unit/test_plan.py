@@ -269,3 +269,16 @@ def test_bad_catalog_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     catalog.write_text("instanceTypes: [{name: x}]")
     assert main(["plan", "--cluster", str(snapshot), "--catalog", str(catalog)]) == 2
     assert "give tflopsPerGPU" in capsys.readouterr().err
+
+
+def test_a_multi_gpu_pod_gets_a_node_with_enough_gpus(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 4 GPUs x 10 TFLOPS: the cheapest TFLOPS (one small.x1) could never hold it; the pool buys a big.x4.
+    pod = gpu_pod("wide", "kp")
+    pod["metadata"]["annotations"]["tensor-fusion.ai/gpu-count"] = "4"
+    lines = run_plan(tmp_path, [NODE_CLASS, karpenter_pool("kp"), pod], capsys=capsys)
+    assert [(x["instanceType"], x["count"]) for x in lines] == [("big.x4", 1)]
+    # a pod that fits small nodes keeps the cheapest choice
+    lines = run_plan(tmp_path, [NODE_CLASS, karpenter_pool("kp"), gpu_pod("narrow", "kp")], capsys=capsys)
+    assert [(x["instanceType"], x["count"]) for x in lines] == [("small.x1", 1)]
