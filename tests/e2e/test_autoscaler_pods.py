@@ -10,6 +10,7 @@ the test creates it (playing the autoscaler; tests/e2e/test_cluster_autoscaler.p
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -102,6 +103,34 @@ def unschedulable(api_client: Any, namespace: str, name: str) -> Any:
     return cpl.wait_until(condition, 60, what=f"{namespace}/{name} PodScheduled=False reason Unschedulable")
 
 
+def bound_to(api_client: Any, namespace: str, name: str, timeout: float = 60) -> str:
+    """The node the pod was bound to, from the pod or, once the pod is gone, from its Scheduled event.
+
+    A placeholder may be deleted milliseconds after it is bound: when the new node joins, the scheduler
+    retries the pending pod, which fails there for want of discovered GPUs (no longer a capacity-only
+    failure), and the expander drops its placeholder on the next event it sees, the binding itself. A poll
+    of the pod alone misses that window on a busy machine; the scheduler's event outlives the pod."""
+    core = client.CoreV1Api(api_client)
+
+    def node() -> str | None:
+        try:
+            pod = core.read_namespaced_pod(name, namespace)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+        else:
+            if pod.spec.node_name:
+                return str(pod.spec.node_name)
+        for event in cpl.pod_events(api_client, namespace, name, "Scheduled"):
+            found = re.search(rf"Successfully assigned {re.escape(namespace)}/{re.escape(name)} to (\S+)",
+                              event.message or "")
+            if found:
+                return found.group(1)
+        return None
+
+    return cpl.wait_until(node, timeout, what=f"pod {namespace}/{name} bound (or its Scheduled event)")
+
+
 def test_reservation_pods_follow_the_first_and_last_allocation_and_survive_a_restart(
         ca_cluster, api_client, namespace, gpu_node) -> None:
     node = gpu_node()
@@ -177,8 +206,7 @@ def test_a_capacity_only_failure_gets_a_placeholder_that_only_an_empty_node_can_
     # discovered yet (no GPU Feature Discovery labels), so the pending pod cannot use it and keeps its
     # placeholder, which the default scheduler places there.
     fresh = gpu_node("fresh", discovered=False)
-    assert cpl.wait_for_pod_bound(api_client, PROJECT_NS, placeholder.metadata.name, timeout=60
-                                  ).spec.node_name == fresh
+    assert bound_to(api_client, PROJECT_NS, placeholder.metadata.name) == fresh
     core.patch_node(fresh, {"metadata": {"labels": GFD}})  # the GPUs are discovered: the pod lands there
     assert cpl.wait_for_pod_bound(api_client, namespace, "waiting", timeout=60).spec.node_name == fresh
     cpl.wait_until(lambda: placeholders_for(api_client, namespace, "waiting") == [], 60,
