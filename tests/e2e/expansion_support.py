@@ -84,6 +84,14 @@ class Group:
     def claims_for(self, uid: str) -> list[dict]:
         return self.karpenter.claims(label_selector=f"{EXPANSION_POD_UID}={uid}")
 
+    def registered_claims_for(self, uid: str, timeout: float = 60) -> list[dict]:
+        """The pod's claims once Karpenter has written each one's status.nodeName (it may do so after the
+        pod is already bound to the new node)."""
+        def registered() -> list[dict]:
+            claims = self.claims_for(uid)
+            return claims if claims and all((c.get("status") or {}).get("nodeName") for c in claims) else []
+        return cpl.wait_until(registered, timeout, what=f"the claims of pod {uid} to name their node")
+
     def in_flight(self) -> list[dict]:
         """The expander's claims of the group whose Node does not exist yet."""
         nodes = {n.spec.provider_id for n in self.karpenter.nodes(self.nodepool)}
