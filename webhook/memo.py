@@ -34,9 +34,12 @@ from webhook.view import ClusterView, KubeObject
 from webhook.workload import workload_name
 
 DEFAULT_MAX_ENTRIES = 512
-# Pods larger than this (as JSON) are mutated without the cache, which bounds its memory (entries x size).
+# Pods longer than this (JSON text, characters) are mutated without the cache, which bounds its memory
+# (entries x size).
 DEFAULT_MAX_POD_BYTES = 32 * 1024
 _CONTAINERS = "/spec/containers/"
+# the key's text: no ASCII escaping and no cycle check (a pod decoded from JSON has no cycles), the cheapest
+_KEY_ENCODER = json.JSONEncoder(ensure_ascii=False, check_circular=False)
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ class MutationCache:
              do_not_disrupt: bool, generation: Hashable) -> Hashable | None:
         if not is_opted_in(pod) or not isinstance(pod.get("metadata"), dict):
             return None  # skipped or denied at once: nothing to save
-        text = json.dumps(pod)
+        text = _KEY_ENCODER.encode(pod)
         if len(text) > self.max_pod_bytes:
             return None
         effective = namespace or str(pod["metadata"].get("namespace") or "") or "default"

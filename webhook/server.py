@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from extender.logs import describe_exception, one_line_server_errors
-from webhook.admission import Decision, Outcome, ReviewError, admit, deny, parse_review
+from webhook.admission import Decision, Outcome, ReviewError, admit, deny, encode_review, parse_review
 from webhook.admission_log import AdmissionLog
 from webhook.index import IndexAllocator
 from webhook.memo import MutationCache
@@ -122,7 +122,7 @@ async def handle_mutate(request: web.Request) -> web.Response:
             decision = admit(review.request, view, scheduler_name=service.scheduler_name,
                              next_index=service.allocator.next, do_not_disrupt=service.do_not_disrupt(),
                              cache=service.mutation_cache, generation=service.generation())
-        response = web.json_response(decision.response)
+        response = web.Response(body=encode_review(decision.response), content_type="application/json")
     except web.HTTPRequestEntityTooLarge:
         message = f"AdmissionReview larger than {request.app[MAX_BODY_KEY]} bytes"
         decision = Decision({}, Outcome.ERROR, "review-too-large", message)

@@ -13,6 +13,7 @@ from test_webhook_fixtures import pod, tf
 from test_webhook_server import ClientFactory, post, review, static_view
 
 from webhook import server
+from webhook.admission import allow, deny, encode_review
 from webhook.admission_log import AdmissionLog
 from webhook.memo import MutationCache
 from webhook.server import WebhookService, create_app
@@ -69,3 +70,15 @@ def test_lines_written_outside_an_event_loop_go_out_at_once() -> None:
     logger.setLevel(logging.INFO)
     AdmissionLog(logger, stream).write(logging.INFO, "admission", {"uid": "x"})
     assert json.loads(stream.getvalue())["uid"] == "x"
+
+
+@pytest.mark.parametrize("review", [
+    allow("u-1", [{"op": "add", "path": "/spec/schedulerName", "value": "s"}]),
+    allow("u-2"),
+    allow('u"3\\', [{"op": "add", "path": "/metadata/labels/a~1b", "value": "ünïcode \"q\""}]),
+    deny("u-4", 'bad "value" \\ ünïcode', 403),
+    {"apiVersion": "v", "response": {"uid": "x", "patch": "abc"}, "kind": "AdmissionReview"},  # not last
+    {"response": {"uid": "x", "patch": 'a"b'}},
+], ids=["patch", "no patch", "escapes", "denial", "response not last", "quote in patch"])
+def test_encoded_reviews_are_the_same_json(review: dict[str, Any]) -> None:
+    assert json.loads(encode_review(review)) == review
