@@ -40,7 +40,11 @@ from webhook.server import WebhookService
 from webhook.server import create_app as webhook_app
 from webhook.view import ClusterView, KubeObject
 
-ANSWER_WITHIN = 15.0  # seconds per request, generous for a loaded 2-core machine (alone: 2 s at most)
+# "In bounded time" is measured in CPU seconds of this process (servers and client), which other processes on
+# the machine do not inflate: the slowest body alone takes about 2 s of wall time, most of it not on the CPU.
+# Wall time on a machine at load 20 measures the machine; the wall bound only catches a request that hangs.
+CPU_WITHIN = 5.0
+ANSWER_WITHIN = 120.0
 VERBS = ("filter", "prioritize", "bind", "preempt")
 TARGETS = (*(f"/scheduler/{v}" for v in VERBS), "/mutate")
 
@@ -214,11 +218,12 @@ def test_hostile_bodies_get_an_answer_in_time(servers: dict[str, int], target: s
     body, headers = data.draw(hostile(target))
     port = servers["webhook" if target == "/mutate" else "extender"]
     caplog.clear()
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), time.process_time()
     with caplog.at_level(logging.INFO):
         status, answer = _post(port, target, body, headers)
-    elapsed = time.monotonic() - started
+    elapsed, cpu = time.monotonic() - started, time.process_time() - cpu_started
     assert status < 500 or (target.endswith("/prioritize") and status == 503), (status, answer[:300])
+    assert cpu < CPU_WITHIN, f"{target} took {cpu:.1f}s of CPU to answer"
     assert elapsed < ANSWER_WITHIN, f"{target} answered after {elapsed:.1f}s"
     with contextlib.suppress(ValueError):
         decoded = json.loads(answer)
