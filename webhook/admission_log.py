@@ -2,8 +2,10 @@
 
 The line has the fields ``extender.logs.JsonFormatter`` writes (ts, level, logger, msg and the extras), so
 it reads like every other line, but it is built with one ``json.dumps`` instead of a ``LogRecord``, a
-formatter pass and a locked handler, and the lines of one event-loop turn go out in one write: under load,
-one write for many admissions. The logger's level decides, as for any log line (``--log-level``).
+formatter pass and a locked handler, and lines go out together: at most ``FLUSH_AFTER`` seconds after the
+first waiting one, or at once when ``MAX_PENDING`` wait (and when the server shuts down), so a busy webhook
+makes a few writes a second instead of one per admission. The logger's level decides, as for any log line
+(``--log-level``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import logging
 import sys
 import time
 from typing import Any, TextIO
+
+FLUSH_AFTER = 0.05
+MAX_PENDING = 256
 
 
 class AdmissionLog:
@@ -30,12 +35,13 @@ class AdmissionLog:
                 "level": logging.getLevelName(level).lower(), "logger": self._logger.name, "msg": msg,
                 **fields}
         self._pending.append(json.dumps(line, default=str))
-        if len(self._pending) > 1:
-            return  # a flush is already scheduled
-        try:
-            asyncio.get_running_loop().call_soon(self.flush)
-        except RuntimeError:  # no event loop: write at once
+        if len(self._pending) >= MAX_PENDING:
             self.flush()
+        elif len(self._pending) == 1:  # the first waiting line schedules the write
+            try:
+                asyncio.get_running_loop().call_later(FLUSH_AFTER, self.flush)
+            except RuntimeError:  # no event loop: write at once
+                self.flush()
 
     def flush(self) -> None:
         if not self._pending:

@@ -70,7 +70,12 @@ def create_app(service: WebhookService, *, max_body_bytes: int = MAX_BODY_BYTES)
     app.router.add_get("/healthz", handle_healthz)
     app.router.add_get("/readyz", handle_readyz)
     app.router.add_get("/metrics", handle_metrics)
+    app.on_cleanup.append(_flush_admission_log)
     return app
+
+
+async def _flush_admission_log(_app: web.Application) -> None:
+    admission_log.flush()  # the lines still waiting for their write
 
 
 def create_monitoring_app(service: WebhookService) -> web.Application:

@@ -3,6 +3,7 @@ cache, and exactly one JSON line per mutation and per denial (none for untouched
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -14,7 +15,7 @@ from test_webhook_server import ClientFactory, post, review, static_view
 
 from webhook import server
 from webhook.admission import allow, deny, encode_review
-from webhook.admission_log import AdmissionLog
+from webhook.admission_log import FLUSH_AFTER, MAX_PENDING, AdmissionLog
 from webhook.memo import MutationCache
 from webhook.server import WebhookService, create_app
 
@@ -82,3 +83,37 @@ def test_lines_written_outside_an_event_loop_go_out_at_once() -> None:
 ], ids=["patch", "no patch", "escapes", "denial", "response not last", "quote in patch"])
 def test_encoded_reviews_are_the_same_json(review: dict[str, Any]) -> None:
     assert json.loads(encode_review(review)) == review
+
+
+class CountingStream(io.StringIO):
+    writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+async def test_lines_wait_briefly_and_go_out_in_one_write() -> None:
+    stream = CountingStream()
+    logger = logging.getLogger("test.admission.batch")
+    logger.setLevel(logging.INFO)
+    admission = AdmissionLog(logger, stream)
+    for uid in ("a", "b", "c"):
+        admission.write(logging.INFO, "admission", {"uid": uid})
+    assert stream.getvalue() == ""
+    for _ in range(200):  # polled: the write is due FLUSH_AFTER seconds after the first line
+        if stream.getvalue():
+            break
+        await asyncio.sleep(FLUSH_AFTER)
+    assert [json.loads(line)["uid"] for line in stream.getvalue().splitlines()] == ["a", "b", "c"]
+    assert stream.writes == 1
+
+
+async def test_a_full_batch_is_written_at_once() -> None:
+    stream = CountingStream()
+    logger = logging.getLogger("test.admission.full")
+    logger.setLevel(logging.INFO)
+    admission = AdmissionLog(logger, stream)
+    for n in range(MAX_PENDING):
+        admission.write(logging.INFO, "admission", {"n": n})
+    assert len(stream.getvalue().splitlines()) == MAX_PENDING and stream.writes == 1
