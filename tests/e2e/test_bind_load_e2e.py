@@ -46,6 +46,21 @@ def failed_attempts(cp: cpl.ControlPlane, scheduler: cpl.ManagedProcess) -> floa
     return total
 
 
+def scheduler_errors(scheduler: cpl.ManagedProcess, since: int) -> dict[str, int]:
+    """The reasons kube-scheduler logged for failed attempts after byte ``since`` of its log, with counts
+    (pod names left out): what a failure of this test is about."""
+    with open(scheduler.log_path, "rb") as log:
+        log.seek(since)
+        lines = log.read().decode(errors="replace").splitlines()
+    reasons: dict[str, int] = {}
+    for line in lines:
+        m = re.search(r'"Error scheduling pod; retrying" err="(.*?)" logger', line)
+        if m:
+            reason = re.sub(r"\S+/burst-\d+", "<pod>", m.group(1))
+            reasons[reason] = reasons.get(reason, 0) + 1
+    return reasons
+
+
 def test_a_backlog_meets_a_restarted_extender_on_a_starved_api_server(
         api_client, control_plane, kube_scheduler, gpu_cluster, extender_runner, namespace, make_pool,
         make_node, make_gpu):
@@ -66,6 +81,7 @@ def test_a_backlog_meets_a_restarted_extender_on_a_starved_api_server(
         started = time.monotonic()
         extender_runner.restart(timeout=180)  # its caches sync from the starved API server
         before = failed_attempts(control_plane, kube_scheduler)
+        log_offset = kube_scheduler.log_path.stat().st_size
         ready_after = time.monotonic() - started
 
         def all_bound() -> bool:
@@ -79,4 +95,6 @@ def test_a_backlog_meets_a_restarted_extender_on_a_starved_api_server(
           f"{ready_after:.1f}s), {failed:.0f} failed scheduling attempts, "
           f"{extender_runner.metric('tf_extender_binds_total', outcome='success')} binds answered success")
     _check_placements(core, namespace, gpus)  # every pod bound once, with its GPU, none over capacity
-    assert failed <= PODS * MAX_FAILED_SHARE, f"{failed:.0f} failed scheduling attempts for {PODS} pods"
+    assert failed <= PODS * MAX_FAILED_SHARE, (
+        f"{failed:.0f} failed scheduling attempts for {PODS} pods; kube-scheduler logged: "
+        f"{scheduler_errors(kube_scheduler, log_offset)}")
