@@ -27,7 +27,7 @@ from . import controlplane as cpl
 ENV_BINARY = "TF_CLUSTER_AUTOSCALER"
 VERSION = "v1.36"
 NOT_RUN = (f"Cluster Autoscaler end-to-end tests did not run: set {ENV_BINARY} to a cluster-autoscaler "
-           "binary built with -tags kwok, or its .xz (.ci/run does when ../shared/tools has one)")
+           "binary built with -tags kwok, or its .xz (CI sets it to its own copy)")
 
 HINTS = cpl.MANIFESTS / "optional" / "cluster-autoscaler" / "node-template-hints.yaml"
 MIN_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/min-count"
