@@ -71,18 +71,24 @@ install_bin() {
   log "built: $2 $3 -> $dir/$2"
 }
 
+# build_go_command <component> <version> <package> [ldflags]: a throwaway module that requires the command's
+# package at that version (so go.sum covers everything it imports), built stripped into the cache
+build_go_command() {
+  local comp="$1" ver="$2" pkg="$3" ld="-s -w${4:+ $4}"
+  local t0=$SECONDS w="$WORK_ROOT/$1"
+  log "building $comp $ver ($pkg)"
+  mkdir -p "$w" && cd "$w"
+  go mod init "tf-wrapper-$comp" >/dev/null 2>&1
+  go get "$pkg@$ver"
+  go build -p "$GO_PARALLEL" -trimpath -ldflags "$ld" -o "$w/$comp" "$pkg"
+  install_bin "$w/$comp" "$comp" "$ver"
+  log "$comp done in $((SECONDS - t0))s"
+}
+
 build_etcd() {
   is_cached etcd "$ETCD_VERSION" && return 0
-  local t0=$SECONDS w="$WORK_ROOT/etcd"
-  log "building etcd $ETCD_VERSION (go.etcd.io/etcd/server/v3)"
-  mkdir -p "$w" && cd "$w"
-  go mod init tf-wrapper-etcd >/dev/null 2>&1
-  go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
-  local pkg=go.etcd.io/etcd/server/v3
-  local ld="-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=module-$ETCD_VERSION"
-  go build -p "$GO_PARALLEL" -trimpath -ldflags "$ld" -o "$w/etcd" "$pkg"
-  install_bin "$w/etcd" etcd "$ETCD_VERSION"
-  log "etcd done in $((SECONDS - t0))s"
+  build_go_command etcd "$ETCD_VERSION" go.etcd.io/etcd/server/v3 \
+    "-X go.etcd.io/etcd/api/v3/version.GitSHA=module-$ETCD_VERSION"
 }
 
 # k8s wrapper module shared by kube-apiserver, kube-scheduler and kube-controller-manager
@@ -146,18 +152,9 @@ build_k8s() {
 }
 
 build_kwok() {
-  local w="$WORK_ROOT/kwok"
   if ! is_cached kwok "$KWOK_VERSION"; then
-    local t0=$SECONDS
-    log "building kwok $KWOK_VERSION (sigs.k8s.io/kwok/cmd/kwok)"
-    mkdir -p "$w" && cd "$w"
-    go mod init tf-wrapper-kwok >/dev/null 2>&1
-    go get "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
-    go build -p "$GO_PARALLEL" -trimpath \
-      -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" \
-      -o "$w/kwok" sigs.k8s.io/kwok/cmd/kwok
-    install_bin "$w/kwok" kwok "$KWOK_VERSION"
-    log "kwok done in $((SECONDS - t0))s"
+    build_go_command kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok \
+      "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
   fi
   # The kwok binary embeds no stages. Ship kwok's own "fast" stages next to the binary: nodes become
   # Ready (and heartbeat), pods bound to managed nodes become Running with a pod IP, and deleted pods go
@@ -183,16 +180,8 @@ build_kwok() {
 # Karpenter with its KWOK cloud provider, and the CRDs of the very same module version (the e2e suite and
 # the demo install these; nothing is copied into the repository).
 build_karpenter() {
-  local w="$WORK_ROOT/karpenter" dir="$BIN_DIR/karpenter-$KARPENTER_VERSION"
   if ! is_cached karpenter "$KARPENTER_VERSION"; then
-    local t0=$SECONDS
-    log "building karpenter $KARPENTER_VERSION (sigs.k8s.io/karpenter/kwok)"
-    mkdir -p "$w" && cd "$w"
-    go mod init tf-wrapper-karpenter >/dev/null 2>&1
-    go get "sigs.k8s.io/karpenter/kwok@$KARPENTER_VERSION"
-    go build -p "$GO_PARALLEL" -trimpath -ldflags "-s -w" -o "$w/karpenter" sigs.k8s.io/karpenter/kwok
-    install_bin "$w/karpenter" karpenter "$KARPENTER_VERSION"
-    log "karpenter done in $((SECONDS - t0))s"
+    build_go_command karpenter "$KARPENTER_VERSION" sigs.k8s.io/karpenter/kwok
   fi
   karpenter_crds
 }
@@ -217,16 +206,8 @@ karpenter_crds() {
 
 build_helm() {
   is_cached helm "$HELM_VERSION" && return 0
-  local t0=$SECONDS w="$WORK_ROOT/helm"
-  log "building helm $HELM_VERSION (helm.sh/helm/v3/cmd/helm)"
-  mkdir -p "$w" && cd "$w"
-  go mod init tf-wrapper-helm >/dev/null 2>&1
-  go get "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
-  go build -p "$GO_PARALLEL" -trimpath \
-    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
-    -o "$w/helm" helm.sh/helm/v3/cmd/helm
-  install_bin "$w/helm" helm "$HELM_VERSION"
-  log "helm done in $((SECONDS - t0))s"
+  build_go_command helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
+    "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 }
 
 components=("$@")
