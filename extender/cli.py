@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "kube-scheduler skips prioritize (one extender call per pod instead of two); "
                             "--no-filter-first-choice answers every fitting node and lets the scheduler's "
                             "scoring weigh them (default on)")
+    serve.add_argument("--nudge-scheduler", action=argparse.BooleanOptionalAction, default=True,
+                       help="when room appears on a node after a GPU pod was turned away, update the node's "
+                            "tensor-fusion.ai/gpu-room-seen annotation so kube-scheduler retries the pod "
+                            "now rather than at its next periodic retry, up to 5 minutes later (default on)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--write-gpu-status", action="store_true",
                        help="keep GPU status.available / status.runningApps and GPUPool status totals in "
@@ -134,6 +138,7 @@ def serve(args: argparse.Namespace) -> int:
         autoscaler=autoscaler_config.from_args(args),
         capacity=capacity_config.from_args(args, lease_namespace=args.expansion_lease_namespace),
         bind_deadline=args.bind_deadline, filter_first_choice=args.filter_first_choice,
+        nudge_scheduler=args.nudge_scheduler,
     )
     try:
         asyncio.run(_run(ExtenderService(api_client, settings)))

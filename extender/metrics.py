@@ -83,6 +83,10 @@ class Metrics:
             "tf_extender_distrusted_allocations_total",
             "Allocation records of pods the ledger did not believe (a GPU of another node, more than the GPU "
             "has left, a record changed after the bind), by reason", ["reason"], registry=r)
+        self.scheduler_nudges = Counter(
+            "tf_extender_scheduler_nudges_total",
+            "Node annotation updates that prompt kube-scheduler to retry GPU pods the extender turned away, "
+            "once room appeared on that node, by outcome (sent, error, gone)", ["outcome"], registry=r)
         self._refresh: Callable[[], None] | None = None
 
     def count_rejections(self, messages: Iterable[str]) -> None:

@@ -44,6 +44,7 @@ from extender.ledger import Allocation, Distrust
 from extender.lifecycle.config import CapacityConfig
 from extender.lifecycle.controllers import CapacityControllers
 from extender.metrics import Metrics, NodeUse, PoolUse
+from extender.nudge import SchedulerNudger
 from extender.pdb import PdbGuard
 from extender.preemptor import Preemptor
 from extender.reservations import ReservationKeeper
@@ -80,6 +81,7 @@ class Settings:
     deadline: float = DEFAULT_DEADLINE
     bind_deadline: float = DEFAULT_BIND_DEADLINE
     filter_first_choice: bool = True
+    nudge_scheduler: bool = True
     shutdown_timeout: float = 15.0
     expansion: ExpansionConfig = field(default_factory=ExpansionConfig)
     gpu_status: StatusSettings | None = None  # --write-gpu-status
@@ -120,6 +122,12 @@ class ExtenderService:
                                   on_refused=self.distrusted)
         self.caches = build_caches(api_client, self.state, settings.inventory)
         self.kube = AsyncKube.from_api_client(api_client)
+        self.nudger: SchedulerNudger | None = None
+        if settings.nudge_scheduler:
+            self.nudger = SchedulerNudger(self._patch_node,
+                                          on_nudge=lambda node, outcome: self.metrics.scheduler_nudges.labels(
+                                              outcome).inc())
+            self.state.on_room = self.nudger.gained
         self.recorder = EventRecorder(api_client, COMPONENT, kube=self.kube)
         pod_api = KubePodApi(self.kube)
         self.binder = Binder(self.state, self.caches["pods"], pod_api, self.recorder, self.metrics)
@@ -161,6 +169,8 @@ class ExtenderService:
             all_observers.append(self.expander.observe)
         if self.capacity is not None:
             all_observers.append(self.capacity.observe)
+        if self.nudger is not None:
+            all_observers.append(self.nudger.observe)
         self.handlers = Handlers(self.state, self.binder, self.metrics, unsynced=self.unsynced,
                                  observers=all_observers, deadline=settings.deadline,
                                  bind_deadline=settings.bind_deadline,
@@ -181,6 +191,10 @@ class ExtenderService:
         ref = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"namespace": namespace, "name": name, "uid": allocation.uid}}
         self.recorder.record(ref, "GPUAllocationNotBelieved", message, "Warning")
+
+    async def _patch_node(self, node: str, patch: dict[str, Any]) -> None:
+        await self.kube.request("PATCH", resources.object_path(resources.NODES, node), body=patch,
+                                content_type="application/merge-patch+json", timeout=10.0)
 
     def unsynced(self) -> list[str]:
         return [name for name, cache in self.caches.items() if not cache.synced.is_set()]
@@ -229,6 +243,8 @@ class ExtenderService:
             tasks.append(asyncio.create_task(self.reservations.run(), name="gpu-reservations"))
         if self.capacity is not None:
             tasks.append(asyncio.create_task(self.capacity.run(), name="capacity"))
+        if self.nudger is not None:
+            tasks.append(asyncio.create_task(self.nudger.run(), name="scheduler-nudge"))
         tasks.append(asyncio.create_task(self._freeze_after_sync(), name="gc-freeze"))
         await self.recorder.start()
         ssl_context = None

@@ -263,7 +263,8 @@ def _shape(request: GPURequest) -> tuple[object, ...]:
 class ClusterState:
     def __init__(self, *, inventory: InventorySource = InventorySource.AUTO, max_pods_per_node: int = 256,
                  mode_override: str | None = None, on_refused: RefusalSink | None = None,
-                 clock: Callable[[], float] = time.monotonic, hold_seconds: float = HOLD_SECONDS) -> None:
+                 clock: Callable[[], float] = time.monotonic, hold_seconds: float = HOLD_SECONDS,
+                 on_room: Callable[[Iterable[str]], None] | None = None) -> None:
         override = parse_mode(mode_override)
         if mode_override and override is None:
             allowed = ", ".join(m.value for m in Mode)
@@ -296,6 +297,8 @@ class ClusterState:
         self._holds: dict[str, Allocation] = {}
         self._hold_queue: deque[tuple[float, Allocation]] = deque()
         self.vector_min = _VECTOR_MIN
+        # told the nodes where room may have appeared (GPUs added or changed, an allocation freed)
+        self.on_room: Callable[[Iterable[str]], None] = on_room or (lambda nodes: None)
 
     # --- events -----------------------------------------------------------------------------------
 
@@ -329,7 +332,7 @@ class ClusterState:
             self._pods_by_node.get(old.node, set()).discard(uid)
         phase = str((obj.get("status") or {}).get("phase") or "")
         if deleted or phase in TERMINAL_PHASES:
-            self._touch(self._ledger.forget(uid))
+            self._freed(self._ledger.forget(uid))
             self._drop_reserved_pod(uid)
             return
         node = (obj.get("spec") or {}).get("nodeName") or None
@@ -350,7 +353,7 @@ class ClusterState:
             # counted at bind time stands until the pod is gone.
             self._ledger.record_lost(counted)
         else:
-            self._touch(self._ledger.unbind(uid))
+            self._freed(self._ledger.unbind(uid))
 
     def _held_request(self, obj: dict[str, Any], annotations: Mapping[str, Any],
                       gpus: int) -> GPURequest | None:
@@ -428,6 +431,8 @@ class ClusterState:
         else:
             self._devices.pop(node, None)
         self._touch(touched)
+        if any(old.get(device.name) != device for device in new):
+            self.on_room((node,))
 
     def _touch(self, nodes: Iterable[str]) -> None:
         mark = self._columns.mark_node
@@ -443,6 +448,11 @@ class ClusterState:
         if len(self._changes) > _CHANGE_LOG_SIZE:
             self._changes_base += len(self._changes)
             self._changes = []
+
+    def _freed(self, nodes: set[str]) -> None:
+        self._touch(nodes)
+        if nodes:
+            self.on_room(nodes)
 
     def _slots(self, node: str) -> list[Slot]:
         usage = self._ledger.usage
@@ -696,7 +706,7 @@ class ClusterState:
             return
         del self._reservations[reservation.pod_uid]
         self._reserved_pods.pop(reservation.pod_uid, None)
-        self._touch(self._ledger.release(held[1]))
+        self._freed(self._ledger.release(held[1]))
 
     def _drop_reserved_pod(self, uid: str) -> None:
         self._reservations.pop(uid, None)
@@ -736,7 +746,8 @@ class ClusterState:
         while queue and queue[0][0] <= now:
             _, allocation = queue.popleft()
             if self._holds.get(allocation.uid) is allocation:
-                self._take_hold(allocation.uid)
+                del self._holds[allocation.uid]
+                self._freed(self._ledger.release(allocation))
 
     def pending_index_holder(self, node: str, index: int, pod_uid: str) -> str | None:
         on_node = self._pods_by_node.get(node, set())

@@ -182,6 +182,28 @@ def _failed_scheduling(api_client, namespace: str, name: str, text: str) -> tupl
     return cpl.wait_until(both, 60, what=f"{name}: FailedScheduling naming {text!r}")
 
 
+def test_a_pod_turned_away_is_retried_once_the_extender_sees_room_kube_scheduler_cannot_see(
+        api_client, namespace, gpus):
+    """kube-scheduler does not watch GPU objects: room that appears only there (a GPU's capacity corrected
+    upwards) is no event to it, and without the extender's nudge the pod would wait for the scheduler's
+    periodic retry of parked pods, 5 minutes later."""
+    c = gpus("CompactFirst")
+    node = c.node("n", tflops="10", vram="10Gi")
+    c.ready()
+    c.pod("wants-50", tflops="50", vram="50Gi", qos="medium")
+    _failed_scheduling(api_client, namespace, "wants-50", "request 50 TFLOPS exceeds the largest GPU here")
+
+    custom = client.CustomObjectsApi(api_client)
+    room = {"tflops": "100", "vram": "100Gi"}
+    custom.patch_cluster_custom_object_status(cpl.TF_GROUP, cpl.TF_VERSION, "gpus", f"{node}-gpu-0",
+                                              {"status": {"capacity": room, "available": room}})
+    # 60 s, stretched by TF_E2E_TIMEOUT_SCALE (3 by default), stays below the scheduler's 5-minute retry
+    assert c.placement("wants-50") == (node, [f"{node}-gpu-0"])
+    annotations = client.CoreV1Api(api_client).read_node(node).metadata.annotations or {}
+    assert "tensor-fusion.ai/gpu-room-seen" in annotations
+    assert (c.extender.metric("tf_extender_scheduler_nudges_total", outcome="sent") or 0) >= 1
+
+
 def test_pod_that_does_not_fit_stays_pending_and_says_why(api_client, namespace, gpus):
     c = gpus("NodeCompactGPULowLoad")
     node = c.node("n")
