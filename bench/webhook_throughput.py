@@ -243,9 +243,11 @@ def breakdown(repeat: int) -> dict[str, float]:
     import itertools
     import logging
 
+    import orjson
+
     from bench.common import time_calls
     from extender.logs import JsonFormatter
-    from webhook.admission import admit, allow, parse_review
+    from webhook.admission import admit, allow, encode_review, parse_review
     from webhook.admission_log import AdmissionLog
     from webhook.memo import MutationCache
     from webhook.view import StaticClusterView
@@ -260,7 +262,7 @@ def breakdown(repeat: int) -> dict[str, float]:
         return round(statistics.median(time_calls(fn, repeat, warmup=20)) * 1e6, 1)
 
     def do_admit(memo: MutationCache | None = None) -> Any:
-        return admit(review.request, view, scheduler_name="tensor-fusion-scheduler",
+        return admit(review, view, scheduler_name="tensor-fusion-scheduler",
                      next_index=lambda: next(indexes), cache=memo)
 
     decision = do_admit()
@@ -274,10 +276,12 @@ def breakdown(repeat: int) -> dict[str, float]:
     line = AdmissionLog(logger, io.StringIO())
     return {
         "json.loads(review)": us(lambda: json.loads(body)),
-        "parse_review": us(lambda: parse_review(body)),
+        "orjson.loads(review)": us(lambda: orjson.loads(body)),
+        "parse_review (shipped: orjson and a hand check of the request)": us(lambda: parse_review(body)),
         "admit (mutate + patch), no cache": us(do_admit),
         "admit with the mutation cache (pods of one workload; shipped)": us(lambda: do_admit(cache)),
         "json.dumps(response)": us(lambda: json.dumps(decision.response)),
+        "encode_review(response) (shipped: orjson)": us(lambda: encode_review(decision.response)),
         "log line through logging (JsonFormatter.format only)": us(lambda: formatter.format(record)),
         "admission line, shipped (AdmissionLog.write, written at once)": us(
             lambda: line.write(logging.INFO, "admission", dict(fields))),

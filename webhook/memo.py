@@ -4,7 +4,8 @@ The pods a ReplicaSet or Job creates reach the webhook as identical objects (the
 after admission), so the mutation of the second and later ones is known. The cache key is everything the
 mutation reads:
 
-- the pod itself, as its JSON text (exact: any difference at all is another key);
+- the pod itself, as its JSON text (exact: any difference at all is another key; orjson's text for a pod
+  that orjson decoded, the standard library's otherwise, as orjson writes NaN as null);
 - the namespace, the scheduler name and the Karpenter do-not-disrupt switch;
 - the workload name the owner chain gives (owners come from the owner cache, per request);
 - a generation the caller bumps whenever a GPUPool, WorkloadProfile or SchedulingConfigTemplate changes.
@@ -27,6 +28,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from extender.contract import GPURequest
 from webhook.mutation import Denial, is_opted_in, mutate, set_index
 from webhook.patch import PatchOp, diff
@@ -34,8 +37,8 @@ from webhook.view import ClusterView, KubeObject
 from webhook.workload import workload_name
 
 DEFAULT_MAX_ENTRIES = 512
-# Pods longer than this (JSON text, characters) are mutated without the cache, which bounds its memory
-# (entries x size).
+# Pods longer than this (JSON text, characters or bytes) are mutated without the cache, which bounds its
+# memory (entries x size).
 DEFAULT_MAX_POD_BYTES = 32 * 1024
 _CONTAINERS = "/spec/containers/"
 # the key's text: no ASCII escaping and no cycle check (a pod decoded from JSON has no cycles), the cheapest
@@ -84,10 +87,11 @@ class MutationCache:
 
     def mutate(self, pod: KubeObject, view: ClusterView, *, scheduler_name: str, index: int,
                namespace: str | None = None, do_not_disrupt: bool = False,
-               generation: Hashable = 0) -> Mutation:
+               generation: Hashable = 0, plain_json: bool = False) -> Mutation:
         """The same patch (or denial) ``webhook.mutation.mutate`` gives for these arguments, provided
-        ``generation`` changed whenever the view's pools, profiles or templates did."""
-        key = self._key(pod, view, scheduler_name, namespace, do_not_disrupt, generation)
+        ``generation`` changed whenever the view's pools, profiles or templates did. ``plain_json``: the pod
+        was decoded by orjson (``webhook.admission.Request.plain_json``), so orjson's text of it is exact."""
+        key = self._key(pod, view, scheduler_name, namespace, do_not_disrupt, generation, plain_json)
         entry = self._entries.get(key) if key is not None else None
         if entry is None:
             self.misses += 1
@@ -113,10 +117,10 @@ class MutationCache:
         return known
 
     def _key(self, pod: KubeObject, view: ClusterView, scheduler_name: str, namespace: str | None,
-             do_not_disrupt: bool, generation: Hashable) -> Hashable | None:
+             do_not_disrupt: bool, generation: Hashable, plain_json: bool) -> Hashable | None:
         if not is_opted_in(pod) or not isinstance(pod.get("metadata"), dict):
             return None  # skipped or denied at once: nothing to save
-        text = _KEY_ENCODER.encode(pod)
+        text = _text(pod, plain_json)
         if len(text) > self.max_pod_bytes:
             return None
         effective = namespace or str(pod["metadata"].get("namespace") or "") or "default"
@@ -127,6 +131,17 @@ class MutationCache:
         self._entries[key] = entry
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
+
+
+def _text(pod: KubeObject, plain_json: bool) -> bytes | str:
+    """The pod's JSON text for the key. bytes (orjson's) and str never compare equal, so the two kinds of
+    text cannot meet in one key."""
+    if plain_json:
+        try:
+            return orjson.dumps(pod)
+        except orjson.JSONEncodeError:
+            pass
+    return _KEY_ENCODER.encode(pod)
 
 
 def _entry(patch: list[PatchOp], gpu_positions: tuple[int, ...], mutation: Mutation) -> _Entry:

@@ -119,12 +119,11 @@ async def handle_mutate(request: web.Request) -> web.Response:
             except Exception as exc:  # e.g. a Content-Encoding the body does not decode with
                 raise ReviewError(f"body cannot be read: {describe_exception(exc, 200)}") from exc
             review = parse_review(body)
-            uid = review.request.uid
-            fields = {"uid": uid[:100], "operation": review.request.operation[:20],
-                      "namespace": (review.request.namespace or "")[:63],
-                      "pod": _pod_name(review.request.object)}
-            view = await service.view_for(review.request.object or {}, review.request.namespace or "default")
-            decision = admit(review.request, view, scheduler_name=service.scheduler_name,
+            uid = review.uid
+            fields = {"uid": uid[:100], "operation": review.operation[:20],
+                      "namespace": (review.namespace or "")[:63], "pod": _pod_name(review.object)}
+            view = await service.view_for(review.object or {}, review.namespace or "default")
+            decision = admit(review, view, scheduler_name=service.scheduler_name,
                              next_index=service.allocator.next, do_not_disrupt=service.do_not_disrupt(),
                              cache=service.mutation_cache, generation=service.generation())
         response = web.Response(body=encode_review(decision.response), content_type="application/json")
