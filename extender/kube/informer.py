@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import orjson
 from kubernetes import client
 
 from extender.kube.client import ApiException, error_message, error_status, open_request, request_json
@@ -88,11 +89,26 @@ def relist_events(old: Mapping[str, dict[str, Any]],
 
 
 def split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """Complete newline-terminated lines of a chunked stream (a trailing partial line is dropped)."""
-    buffer = b""
+    """Complete newline-terminated lines of a chunked stream (a trailing partial line is dropped).
+
+    A watch event (a whole Pod) often spans several chunks: the pieces of an unfinished line are kept
+    apart and joined once, when its newline arrives, so each byte is scanned and copied once."""
+    pending: list[bytes] = []
     for chunk in chunks:
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
+        if b"\n" not in chunk:
+            if chunk:
+                pending.append(chunk)
+            continue
+        head, *lines = chunk.split(b"\n")
+        if pending:
+            pending.append(head)
+            head = b"".join(pending)
+            pending = []
+        tail = lines.pop()
+        if tail:
+            pending.append(tail)
+        if head.strip():
+            yield head
         yield from (line for line in lines if line.strip())
 
 
@@ -289,7 +305,7 @@ class WatchCache:
         return version
 
     def _handle_line(self, line: bytes, version: str, emit: OnChange) -> str:
-        event = json.loads(line)
+        event = orjson.loads(line)
         event_type = event.get("type")
         obj = event.get("object") or {}
         if event_type == "ERROR":

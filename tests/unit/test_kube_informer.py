@@ -58,6 +58,13 @@ def test_split_lines_recovers_every_complete_line(chunks: list[bytes]) -> None:
     assert list(informer.split_lines(chunks)) == expected
 
 
+@given(st.lists(st.sampled_from([b"\n", b"\n\n", b"{", b"}", b" ", b"ab", b"\nc\n", b"d\n"]), max_size=30))
+def test_split_lines_joins_lines_spread_over_many_chunks(chunks: list[bytes]) -> None:
+    data = b"".join(chunks)
+    expected = [line for line in data.split(b"\n")[:-1] if line.strip()]
+    assert list(informer.split_lines(chunks)) == expected
+
+
 def test_backoff_grows_exponentially_is_capped_and_resets() -> None:
     backoff = Backoff(base=0.5, cap=4.0, jitter=0.0)
     assert [backoff.next() for _ in range(6)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
