@@ -2,7 +2,9 @@
 
 ``record`` never blocks and never raises: events are best effort. An identical (object, reason,
 message) seen again within the window is folded into the earlier Event (count and lastTimestamp)
-instead of creating a new one.
+instead of creating a new one. A few posts run at once, so a slow API server (each post waiting for its
+answer) does not fill the queue; when it is full anyway, events are dropped and counted, with one log line
+per ``DROP_REPORT_SECONDS``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import socket
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +31,8 @@ from extender.kube.resources import EVENTS, collection_path, object_path
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 1024
+POSTERS = 4  # events posted at once
+DROP_REPORT_SECONDS = 10.0
 
 
 @dataclass
@@ -52,32 +57,50 @@ class EventRecorder:
         self.window = window
         self._clock = clock
         self._queue: asyncio.Queue[tuple[dict[str, Any], str, str, str]] = asyncio.Queue(max_queued)
-        self._posted: dict[EventKey, _Posted] = {}
-        self._task: asyncio.Task[None] | None = None
+        # oldest post first, so the ones past the window are found at the front
+        self._posted: OrderedDict[EventKey, _Posted] = OrderedDict()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._posting: dict[EventKey, asyncio.Event] = {}
         self._instance = (os.environ.get("POD_NAME") or socket.gethostname())[:128]
+        self.dropped = 0
+        self._dropped_unreported = 0
+        self._drop_reported_at = float("-inf")
 
     def record(self, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
         try:
             self._queue.put_nowait((obj, reason, message[:MAX_MESSAGE], type_))
         except asyncio.QueueFull:
-            log.warning("event dropped: queue full", extra={"reason": reason})
+            self._count_drop(reason)
         except Exception:
             log.exception("event dropped")
 
+    def _count_drop(self, reason: str) -> None:
+        self.dropped += 1
+        self._dropped_unreported += 1
+        now = self._clock()
+        if now - self._drop_reported_at >= DROP_REPORT_SECONDS:
+            log.warning("events dropped: queue full", extra={
+                "reason": reason, "dropped": self._dropped_unreported, "dropped_total": self.dropped})
+            self._drop_reported_at = now
+            self._dropped_unreported = 0
+
     async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._drain(), name=f"events-{self.component}")
+        if not self._tasks:
+            self._tasks = [asyncio.create_task(self._drain(), name=f"events-{self.component}-{i}")
+                           for i in range(POSTERS)]
 
     async def stop(self, flush_timeout: float = 2.0) -> None:
         """Post what is queued (up to ``flush_timeout``), then stop."""
-        if self._task is None:
+        if not self._tasks:
             return
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._queue.join(), flush_timeout)
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        self._task = None
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
 
     async def _drain(self) -> None:
         while True:
@@ -94,6 +117,18 @@ class EventRecorder:
     async def _post(self, obj: dict[str, Any], reason: str, message: str, type_: str) -> None:
         involved = involved_object(obj)
         key: EventKey = (involved.get("uid", ""), involved["kind"], involved["name"], reason, message)
+        # the same event twice at once: the second waits for the first, then folds into it
+        while (posting := self._posting.get(key)) is not None:
+            await posting.wait()
+        self._posting[key] = done = asyncio.Event()
+        try:
+            await self._post_once(key, involved, reason, message, type_)
+        finally:
+            del self._posting[key]
+            done.set()
+
+    async def _post_once(self, key: EventKey, involved: dict[str, str], reason: str, message: str,
+                         type_: str) -> None:
         now = self._clock()
         self._forget_older_than(now - self.window)
         stamp = _timestamp()
@@ -101,6 +136,7 @@ class EventRecorder:
         if earlier is not None:
             earlier.count += 1
             earlier.last_sent = now
+            self._posted.move_to_end(key)
             patch = {"count": earlier.count, "lastTimestamp": stamp}
             try:
                 await self._request("PATCH", object_path(EVENTS, earlier.name, earlier.namespace), patch,
@@ -141,8 +177,12 @@ class EventRecorder:
         }
 
     def _forget_older_than(self, horizon: float) -> None:
-        for key in [k for k, p in self._posted.items() if p.last_sent < horizon]:
-            del self._posted[key]
+        posted = self._posted
+        while posted:
+            key, oldest = next(iter(posted.items()))
+            if oldest.last_sent >= horizon:
+                return
+            del posted[key]
 
 
 def involved_object(obj: dict[str, Any]) -> dict[str, str]:

@@ -108,3 +108,51 @@ async def test_record_never_blocks_or_raises_when_the_queue_is_full(fake: Any) -
 
 def test_involved_object_defaults() -> None:
     assert involved_object({"metadata": {"name": "p"}}) == {"apiVersion": "v1", "kind": "Pod", "name": "p"}
+
+
+async def test_a_slow_api_server_gets_several_posts_at_once_and_repeats_still_fold(
+        aiohttp_server: Any) -> None:
+    in_flight, most = 0, 0
+    created: list[str] = []
+    patched: list[dict[str, Any]] = []
+
+    async def create(request: web.Request) -> web.Response:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.05)
+        in_flight -= 1
+        body = await request.json()
+        created.append(body["message"])
+        return web.json_response(body, status=201)
+
+    async def patch(request: web.Request) -> web.Response:
+        patched.append(await request.json())
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/api/v1/namespaces/{ns}/events", create)
+    app.router.add_patch("/api/v1/namespaces/{ns}/events/{name}", patch)
+    server = await aiohttp_server(app)
+    configuration = client.Configuration()
+    configuration.host = str(server.make_url("")).rstrip("/")
+    recorder = EventRecorder(client.ApiClient(configuration), "x")
+    await recorder.start()
+    for i in range(8):
+        recorder.record(POD, "R", f"m{i}")
+    recorder.record(POD, "R", "m0")  # the same as one still being posted: folded once that one is done
+    await recorder.stop(flush_timeout=5)
+    assert sorted(created) == [f"m{i}" for i in range(8)]
+    assert most > 1
+    assert [p["count"] for p in patched] == [2]
+
+
+async def test_dropped_events_are_counted_and_reported_once_per_interval(
+        fake: Any, caplog: pytest.LogCaptureFixture) -> None:
+    _, api_client = fake
+    recorder = EventRecorder(api_client, "x", max_queued=2)
+    with caplog.at_level("WARNING", logger="extender.kube.events"):
+        for i in range(50):
+            recorder.record(POD, "R", f"m{i}")  # not started: two queue, the rest drop
+    assert recorder.dropped == 48
+    assert [r.getMessage() for r in caplog.records] == ["events dropped: queue full"]
