@@ -433,13 +433,17 @@ def variant_conditions(variant: str, cluster: Any, seconds: float
 
 
 def run(quick: bool = False, cluster: Any = None, profile: bool = False,
-        what_if: bool | None = None, variants: tuple[str, ...] = VARIANTS) -> BenchResult:
+        what_if: bool | None = None, variants: tuple[str, ...] = VARIANTS,
+        size: tuple[int, int] | None = None) -> BenchResult:
     """``what_if`` (default: full runs only) adds one project phase with bench/whatif_extender.py;
-    ``variants`` (default: all) adds a baseline and a project phase for each of VARIANTS."""
+    ``variants`` (default: all) adds a baseline and a project phase for each of VARIANTS; ``size``
+    (nodes, pods) replaces the quick or full size, e.g. for a longer profile."""
     from bench.cluster import BenchCluster, cpl
 
     what_if = (not quick) if what_if is None else what_if
     nodes, pods, rounds = (100, 500, 1) if quick else (1000, 5000, 2)
+    if size is not None:
+        nodes, pods = size
     timeout = 240 if quick else 1200
     own = cluster is None
     if own:
@@ -669,12 +673,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma list of {', '.join(VARIANTS)} to run beside the shipped phases "
                              "(default all; empty: none)")
+    parser.add_argument("--size", default=None, metavar="NODES,PODS",
+                        help="cluster and backlog size instead of the quick or full one, e.g. 200,2000")
     args = parser.parse_args(argv)
+    size = None
+    if args.size:
+        try:
+            n, p = (int(x) for x in args.size.split(","))
+        except ValueError:
+            parser.error(f"--size wants NODES,PODS (two whole numbers), not {args.size!r}")
+        size = (n, p)
     chosen = tuple(v for v in args.variants.split(",") if v)
     unknown = set(chosen) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
-    result = run(quick_mode(args.quick), profile=args.profile, what_if=args.what_if, variants=chosen)
+    result = run(quick_mode(args.quick), profile=args.profile, what_if=args.what_if, variants=chosen,
+                 size=size)
     for t in result.tables:
         print(t.markdown())
     for phase, runs in result.data["rounds"].items():
