@@ -88,8 +88,9 @@ def relist_events(old: Mapping[str, dict[str, Any]],
     return events
 
 
-def split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """Complete newline-terminated lines of a chunked stream (a trailing partial line is dropped).
+def line_batches(chunks: Iterable[bytes]) -> Iterator[list[bytes]]:
+    """The complete newline-terminated lines each chunk of a stream finishes (a trailing partial line is
+    dropped); chunks that finish none give nothing.
 
     A watch event (a whole Pod) often spans several chunks: the pieces of an unfinished line are kept
     apart and joined once, when its newline arrives, so each byte is scanned and copied once."""
@@ -107,9 +108,15 @@ def split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
         tail = lines.pop()
         if tail:
             pending.append(tail)
-        if head.strip():
-            yield head
-        yield from (line for line in lines if line.strip())
+        batch = [line for line in (head, *lines) if line.strip()]
+        if batch:
+            yield batch
+
+
+def split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Complete newline-terminated lines of a chunked stream (a trailing partial line is dropped)."""
+    for batch in line_batches(chunks):
+        yield from batch
 
 
 class Backoff:
@@ -262,13 +269,16 @@ class WatchCache:
         stop = threading.Event()
         responses: builtins.list[Any] = []
 
-        def deliver(event_type: str, obj: dict[str, Any]) -> None:
-            if not stop.is_set():
+        def deliver(events: builtins.list[tuple[str, dict[str, Any]]]) -> None:
+            for event_type, obj in events:
+                if stop.is_set():
+                    return
                 self.handle(event_type, obj)
 
-        def emit(event_type: str, obj: dict[str, Any]) -> None:
-            if not stop.is_set():
-                loop.call_soon_threadsafe(deliver, event_type, obj)
+        def emit(events: builtins.list[tuple[str, dict[str, Any]]]) -> None:
+            # one wake-up of the loop per chunk read, not per event: under load a chunk carries several
+            if events and not stop.is_set():
+                loop.call_soon_threadsafe(deliver, events)
 
         future = loop.run_in_executor(_WATCH_EXECUTOR, self._watch_blocking, version, emit, stop, responses)
         try:
@@ -280,8 +290,8 @@ class WatchCache:
                 _interrupt(response)
             raise
 
-    def _watch_blocking(self, version: str, emit: OnChange, stop: threading.Event,
-                        responses: builtins.list[Any]) -> str:
+    def _watch_blocking(self, version: str, emit: Callable[[builtins.list[tuple[str, dict[str, Any]]]], None],
+                        stop: threading.Event, responses: builtins.list[Any]) -> str:
         query = self._query() | {
             "watch": True, "resourceVersion": version, "allowWatchBookmarks": True,
             "timeoutSeconds": self.watch_timeout,
@@ -295,16 +305,21 @@ class WatchCache:
             raise
         responses.append(response)
         try:
-            for line in split_lines(response.stream(amt=None, decode_content=True)):
+            for lines in line_batches(response.stream(amt=None, decode_content=True)):
                 if stop.is_set():
                     break
-                version = self._handle_line(line, version, emit)
+                events: builtins.list[tuple[str, dict[str, Any]]] = []
+                try:
+                    for line in lines:
+                        version = self._handle_line(line, version, events)
+                finally:
+                    emit(events)  # the events before an ERROR line still count
         finally:
             with contextlib.suppress(Exception):
                 response.release_conn()
         return version
 
-    def _handle_line(self, line: bytes, version: str, emit: OnChange) -> str:
+    def _handle_line(self, line: bytes, version: str, out: builtins.list[tuple[str, dict[str, Any]]]) -> str:
         event = orjson.loads(line)
         event_type = event.get("type")
         obj = event.get("object") or {}
@@ -315,7 +330,7 @@ class WatchCache:
             raise WatchError(message or json.dumps(obj))
         version = resource_version(obj) or version
         if event_type in (ADDED, MODIFIED, DELETED):
-            emit(event_type, self._with_kind(obj))
+            out.append((event_type, self._with_kind(obj)))
         return version
 
 

@@ -250,3 +250,12 @@ async def test_a_failing_callback_does_not_stop_the_cache(api: Any) -> None:
         fake.hold.set()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+@given(st.lists(st.sampled_from([b"\n", b"x", b"{}\n{}", b" \n", b"\ny\nz"]), max_size=30))
+def test_line_batches_give_each_line_once_with_the_chunk_that_finishes_it(chunks: list[bytes]) -> None:
+    batches = list(informer.line_batches(chunks))
+    assert all(batches)
+    assert [line for batch in batches for line in batch] == list(informer.split_lines(chunks))
+    finishing = [c for c in chunks if b"\n" in c]
+    assert len(batches) <= len(finishing)
