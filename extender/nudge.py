@@ -13,8 +13,10 @@ annotation change as a node update (``UpdateNodeAnnotation``), and retries the p
 quick pre-check for that node, now against an extender that knows the room.
 
 Bounds: a node is nudged only when a pod was rejected since its last nudge, at most once per
-``node_interval`` seconds, and at most ``max_per_round`` nodes per round (the rest wait for the next
-round). Memory is bounded by the number of nodes.
+``node_interval`` seconds, and at most ``max_per_round`` nodes per round, one round a second (the rest
+wait for the next round): one nudge already sends kube-scheduler every parked pod that could use that
+node, so a cluster with churn on every node still sees a few node writes a second, not one per node.
+Memory is bounded by the number of nodes.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from extender.state import FilterOutcome
 log = logging.getLogger(__name__)
 
 NUDGE_ANNOTATION = f"{DOMAIN}/gpu-room-seen"
+ROUND_SECONDS = 1.0  # at least this long between two rounds of nudges
 
 PatchNode = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
@@ -39,7 +42,7 @@ PatchNode = Callable[[str, dict[str, Any]], Awaitable[Any]]
 class Nudges:
     """Which nodes to nudge and when: pure bookkeeping, driven by a clock."""
 
-    def __init__(self, *, node_interval: float = 5.0, max_per_round: int = 20,
+    def __init__(self, *, node_interval: float = 5.0, max_per_round: int = 5,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.node_interval = node_interval
         self.max_per_round = max_per_round
@@ -137,6 +140,8 @@ class SchedulerNudger:
                 await self._nudge(node)
             if wait is not None:
                 asyncio.get_running_loop().call_later(wait, self._wake.set)
+            if nodes:
+                await asyncio.sleep(ROUND_SECONDS)
 
     async def _nudge(self, node: str) -> None:
         try:
