@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
+import orjson
 from kubernetes import client
 
 from extender.kube.client import ApiException
@@ -91,7 +92,7 @@ class AsyncKube:
         sent but no answer came (a write may then have happened), and ``NotSent`` when it could not be
         sent at all.
         """
-        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        data = None if body is None else orjson.dumps(body)
         session = self._session_now()
         server_hostname = getattr(self.configuration, "tls_server_name", None) or None
         # Waiting for a free pooled connection is not limited (a queue, not a failure); opening one is
@@ -112,7 +113,7 @@ class AsyncKube:
             raise UnknownOutcome(f"{method} {path}: no answer ({type(exc).__name__}: {exc})") from exc
         if not 200 <= status <= 299:
             raise ApiException(status=status, reason=reason, body=raw.decode(errors="replace"))
-        return json.loads(raw) if raw else None
+        return orjson.loads(raw) if raw else None
 
     async def close(self) -> None:
         if self._session is not None:
