@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -47,7 +48,9 @@ _REASON_CLASSES = (
 )
 
 
+@functools.lru_cache(maxsize=4096)
 def reason_class(message: str) -> str:
+    # Memoised: the pods of one shape meet the same few messages on every filter.
     for name, pattern in _REASON_CLASSES:
         if pattern.search(message):
             return name

@@ -121,6 +121,7 @@ class ExtenderService:
         self.state = ClusterState(inventory=settings.inventory, max_pods_per_node=settings.max_pods_per_node,
                                   on_refused=self.distrusted)
         self.caches = build_caches(api_client, self.state, settings.inventory)
+        self._synced = False
         self.kube = AsyncKube.from_api_client(api_client)
         self.nudger: SchedulerNudger | None = None
         if settings.nudge_scheduler:
@@ -197,7 +198,12 @@ class ExtenderService:
                                 content_type="application/merge-patch+json", timeout=10.0)
 
     def unsynced(self) -> list[str]:
-        return [name for name, cache in self.caches.items() if not cache.synced.is_set()]
+        # asked on every verb: once every cache has synced (a cache never unsyncs), the answer is fixed
+        if self._synced:
+            return []
+        waiting = [name for name, cache in self.caches.items() if not cache.synced.is_set()]
+        self._synced = not waiting
+        return waiting
 
     def refresh_gauges(self) -> None:
         use = self.state.utilisation()

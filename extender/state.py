@@ -73,6 +73,7 @@ _VERDICT_CACHE_SHAPES = 64
 _CHANGE_LOG_SIZE = 100_000
 _SCORE_LEVELS = MAX_SCORE - MIN_FIT_SCORE + 1
 _LEDGER_POOL = "-"  # the pool does not change what a bound pod holds
+_NOT_WAITING_PHASES = frozenset({"Running", *TERMINAL_PHASES})
 HOLD_SECONDS = 10.0  # a filter's first choice is held this long for the bind that should follow
 _VECTOR_MIN = 64  # this many nodes to judge at once: the columnar check (extender/columns.py) pays off
 
@@ -287,7 +288,8 @@ class ClusterState:
         self._tick = 0  # one step per node change; self._changes[i] changed at tick base + i + 1
         self._changes: list[str] = []
         self._changes_base = 0
-        self._loads: dict[str, dict[str | None, float]] = {}
+        self._loads: dict[str, dict[str | None, float]] = {}  # read through _load_table()
+        self._stale_loads: set[str] = set()
         self._requests: dict[tuple[str, str, str | None], _Parsed | tuple[str, str]] = {}
         self._tables: OrderedDict[tuple[object, ...], _Table] = OrderedDict()
         self._columns = GPUColumns(self._slots, self._ledger.pods_on)
@@ -440,14 +442,21 @@ class ClusterState:
             self._tick += 1
             self._changes.append(node)
             mark(node)
-            by_pool: dict[str | None, list[Slot]] = {}
-            for slot in self._slots(node):
-                by_pool.setdefault(slot.device.pool, []).append(slot)
-            self._loads[node] = {pool: mean_load(slots) for pool, slots in by_pool.items()}
-
+            self._stale_loads.add(node)  # a pod's filter, hold, bind and watch touch its node several times
         if len(self._changes) > _CHANGE_LOG_SIZE:
             self._changes_base += len(self._changes)
             self._changes = []
+
+    def _load_table(self) -> dict[str, dict[str | None, float]]:
+        """Each node's mean load per pool, brought up to date for the nodes touched since the last use."""
+        stale, loads = self._stale_loads, self._loads
+        while stale:
+            node = stale.pop()
+            by_pool: dict[str | None, list[Slot]] = {}
+            for slot in self._slots(node):
+                by_pool.setdefault(slot.device.pool, []).append(slot)
+            loads[node] = {pool: mean_load(slots) for pool, slots in by_pool.items()}
+        return loads
 
     def _freed(self, nodes: set[str]) -> None:
         self._touch(nodes)
@@ -546,7 +555,7 @@ class ClusterState:
             verdict = evaluate(slots, parsed.request, pods, self._max_pods, parsed.demand)
         if verdict.fit is Fit.FITS:
             verdict = _FITS
-            table.fit_load[node] = self._loads[node].get(parsed.request.pool, 0.0)
+            table.fit_load[node] = self._load_table()[node].get(parsed.request.pool, 0.0)
         else:
             table.fit_load.pop(node, None)
         table.verdicts[node] = verdict
@@ -564,7 +573,8 @@ class ClusterState:
             return table
         # A new request shape: the columns find the nodes that fit at once; only the others are judged
         # one by one, for the reason their verdict gives.
-        verdicts, fit_load, loads, pool = table.verdicts, table.fit_load, self._loads, parsed.request.pool
+        verdicts, fit_load, pool = table.verdicts, table.fit_load, parsed.request.pool
+        loads = self._load_table()
         for name, fits_now in zip(missing, fits, strict=True):
             if fits_now:
                 verdicts[name] = _FITS
@@ -750,13 +760,14 @@ class ClusterState:
                 self._freed(self._ledger.release(allocation))
 
     def pending_index_holder(self, node: str, index: int, pod_uid: str) -> str | None:
+        def waits_with_index(pod: _Pod) -> bool:
+            return pod.uid != pod_uid and pod.index == index and pod.phase not in _NOT_WAITING_PHASES
+
         on_node = self._pods_by_node.get(node, set())
-        candidates = [self._pods[uid] for uid in on_node]
-        candidates += [p for p in self._reserved_pods.values() if p.node == node and p.uid not in on_node]
-        for pod in sorted(candidates, key=lambda p: p.key):
-            if pod.uid != pod_uid and pod.index == index and pod.phase not in ("Running", *TERMINAL_PHASES):
-                return pod.key
-        return None
+        holders = [pod.key for pod in map(self._pods.__getitem__, on_node) if waits_with_index(pod)]
+        holders += [pod.key for pod in self._reserved_pods.values()
+                    if pod.node == node and pod.uid not in on_node and waits_with_index(pod)]
+        return min(holders) if holders else None  # the first by name, whatever the order of the sets
 
     # --- preemption -------------------------------------------------------------------------------
 
@@ -807,7 +818,8 @@ class ClusterState:
         if isinstance(parsed, ContractError):
             return None
         pool = parsed.request.pool
-        nodes = [n for n in self.nodes() if pool in self._loads.get(n, {})]
+        loads = self._load_table()
+        nodes = [n for n in self.nodes() if pool in loads.get(n, {})]
         options = self.preempt(pod, nodes, pdb)
         if not options:
             return None
