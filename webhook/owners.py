@@ -46,13 +46,22 @@ class OwnerCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    async def get(self, namespace: str, kind: str, name: str) -> KubeObject | None:
-        """The object, from the cache or one GET; fetch errors propagate and are not cached."""
+    def cached(self, namespace: str, kind: str, name: str) -> tuple[bool, KubeObject | None]:
+        """``(True, object or None)`` when the cache holds an unexpired answer, else ``(False, None)``:
+        what ``get`` would return without awaiting anything."""
         key = (namespace, kind, name)
         entry = self._entries.get(key)
         if entry is not None and entry[0] > self._clock():
             self._entries.move_to_end(key)
-            return entry[1]
+            return True, entry[1]
+        return False, None
+
+    async def get(self, namespace: str, kind: str, name: str) -> KubeObject | None:
+        """The object, from the cache or one GET; fetch errors propagate and are not cached."""
+        key = (namespace, kind, name)
+        known, obj = self.cached(namespace, kind, name)
+        if known:
+            return obj
         pending = self._inflight.get(key)
         if pending is not None:
             return await asyncio.shield(pending)
@@ -90,6 +99,9 @@ async def owners_of(pod: KubeObject, namespace: str, cache: OwnerCache,
     if wanted is None:
         return {}
     kind, name = wanted
+    known, obj = cache.cached(namespace, kind, name)  # the pods of a workload after the first: no timer
+    if known:
+        return {(namespace, kind, name): obj} if obj is not None else {}
     try:
         async with asyncio.timeout(timeout):
             obj = await cache.get(namespace, kind, name)

@@ -7,7 +7,6 @@ are logged as one line each, without a traceback.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
@@ -18,6 +17,7 @@ from aiohttp import web
 from extender.logs import describe_exception, one_line_server_errors
 from webhook.admission import Decision, Outcome, ReviewError, admit, deny, encode_review, parse_review
 from webhook.admission_log import AdmissionLog
+from webhook.deadline import DEFAULT_TICK, Deadlines
 from webhook.index import IndexAllocator
 from webhook.memo import MutationCache
 from webhook.metrics import CONTENT_TYPE, WebhookMetrics
@@ -55,6 +55,8 @@ class WebhookService:
         self.allocator = allocator or IndexAllocator()
         self.metrics = metrics or WebhookMetrics()
         self.request_timeout = request_timeout
+        # requests end within a quarter of their bound past it (DEFAULT_TICK at most)
+        self.deadlines = Deadlines(max(min(DEFAULT_TICK, request_timeout / 4), 0.001))
 
 
 SERVICE_KEY = web.AppKey("service", WebhookService)
@@ -111,7 +113,7 @@ async def handle_mutate(request: web.Request) -> web.Response:
     uid: str | None = None
     fields: dict[str, Any] = {}
     try:
-        async with asyncio.timeout(service.request_timeout):
+        with service.deadlines.bound(service.request_timeout):
             try:
                 body = await request.read()
             except (web.HTTPException, TimeoutError):

@@ -189,6 +189,26 @@ async def test_owners_of_fetches_only_replicaset_and_job_owners_and_survives_err
     assert await owners_of(pod("Job", "j", "batch/v1"), "ns", OwnerCache(slow.fetch), 0.01) == {}
 
 
+async def test_owners_of_answers_from_the_cache_without_fetching_until_the_entry_expires() -> None:
+    now = [0.0]
+    api = FakeApi({("ns", "ReplicaSet", "web-1"): RS})
+    cache = OwnerCache(api.fetch, ttl=60, missing_ttl=5, clock=lambda: now[0])
+    owned = {"metadata": {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1",
+                                               "controller": True}]}}
+    gone = {"metadata": {"ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "gone"}]}}
+    assert cache.cached("ns", "ReplicaSet", "web-1") == (False, None)
+    for _ in range(3):
+        assert await owners_of(owned, "ns", cache, 1.0) == {("ns", "ReplicaSet", "web-1"): RS}
+        assert await owners_of(gone, "ns", cache, 1.0) == {}
+    assert cache.cached("ns", "ReplicaSet", "web-1") == (True, RS)
+    assert cache.cached("ns", "Job", "gone") == (True, None)
+    assert len(api.calls) == 2
+    now[0] = 61
+    assert cache.cached("ns", "ReplicaSet", "web-1") == (False, None)
+    assert await owners_of(owned, "ns", cache, 1.0) == {("ns", "ReplicaSet", "web-1"): RS}
+    assert len(api.calls) == 3
+
+
 # --- objects files ------------------------------------------------------------------------------------
 
 
