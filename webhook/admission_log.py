@@ -2,11 +2,11 @@
 
 The line has the fields ``extender.logs.JsonFormatter`` writes (ts, level, logger, msg and the extras), so
 it reads like every other line, but it is built with one ``orjson.dumps`` (and a timestamp whose seconds
-are formatted once a second) instead of a ``LogRecord``, a formatter pass and a locked handler, and lines go
-out together: at most ``FLUSH_AFTER`` seconds after the
-first waiting one, or at once when ``MAX_PENDING`` wait (and when the server shuts down), so a busy webhook
-makes a few writes a second instead of one per admission. The logger's level decides, as for any log line
-(``--log-level``).
+are formatted once a second) instead of a ``LogRecord``, a formatter pass and a locked handler. An
+admission only notes its time and fields; the lines are formatted and written together, at most
+``FLUSH_AFTER`` seconds after the first waiting one, or at once when ``MAX_PENDING`` wait (and when the
+server shuts down), so a busy webhook makes a few writes a second instead of one per admission. The
+logger's level decides, as for any log line (``--log-level``).
 """
 
 from __future__ import annotations
@@ -29,20 +29,16 @@ class AdmissionLog:
     def __init__(self, logger: logging.Logger, stream: TextIO | None = None) -> None:
         self._logger = logger
         self._stream = stream  # None: sys.stderr at the time of writing (as a StreamHandler's default)
-        self._pending: list[str] = []
+        # (time, level, msg, fields) of the lines waiting: formatted together when written
+        self._pending: list[tuple[float, int, str, dict[str, Any]]] = []
         self._second = -1  # the second whose text is in _second_text
         self._second_text = ""
 
     def write(self, level: int, msg: str, fields: dict[str, Any]) -> None:
+        """One line of ``fields`` (which the caller no longer changes), if the logger's level lets it."""
         if not self._logger.isEnabledFor(level):
             return
-        line = {"ts": self.timestamp(time.time()), "level": logging.getLevelName(level).lower(),
-                "logger": self._logger.name, "msg": msg, **fields}
-        try:
-            text = orjson.dumps(line, default=str).decode()
-        except orjson.JSONEncodeError:  # e.g. a lone surrogate in a pod's text: the standard encoder's way
-            text = json.dumps(line, default=str)
-        self._pending.append(text)
+        self._pending.append((time.time(), level, msg, fields))
         if len(self._pending) >= MAX_PENDING:
             self.flush()
         elif len(self._pending) == 1:  # the first waiting line schedules the write
@@ -50,6 +46,14 @@ class AdmissionLog:
                 asyncio.get_running_loop().call_later(FLUSH_AFTER, self.flush)
             except RuntimeError:  # no event loop: write at once
                 self.flush()
+
+    def _format(self, now: float, level: int, msg: str, fields: dict[str, Any]) -> str:
+        line = {"ts": self.timestamp(now), "level": logging.getLevelName(level).lower(),
+                "logger": self._logger.name, "msg": msg, **fields}
+        try:
+            return orjson.dumps(line, default=str).decode()
+        except orjson.JSONEncodeError:  # e.g. a lone surrogate in a pod's text: the standard encoder's way
+            return json.dumps(line, default=str)
 
     def timestamp(self, now: float) -> str:
         """``datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")``, the seconds formatted
@@ -67,7 +71,7 @@ class AdmissionLog:
     def flush(self) -> None:
         if not self._pending:
             return
-        text = "\n".join(self._pending) + "\n"
+        text = "".join(f"{self._format(*line)}\n" for line in self._pending)
         self._pending.clear()
         stream = self._stream or sys.stderr
         try:

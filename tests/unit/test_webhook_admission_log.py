@@ -117,3 +117,19 @@ async def test_a_full_batch_is_written_at_once() -> None:
     for n in range(MAX_PENDING):
         admission.write(logging.INFO, "admission", {"n": n})
     assert len(stream.getvalue().splitlines()) == MAX_PENDING and stream.writes == 1
+
+
+
+async def test_a_line_carries_the_time_of_its_admission_not_of_its_write(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = io.StringIO()
+    logger = logging.getLogger("test.admission.time")
+    logger.setLevel(logging.INFO)
+    admission = AdmissionLog(logger, stream)
+    now = [1_700_000_000.25]
+    monkeypatch.setattr("webhook.admission_log.time.time", lambda: now[0])
+    admission.write(logging.INFO, "admission", {"uid": "a"})  # waits for its batch
+    now[0] += 9.5
+    admission.flush()
+    line = json.loads(stream.getvalue())
+    assert (line["uid"], line["ts"]) == ("a", "2023-11-14T22:13:20.250+00:00")
