@@ -26,33 +26,34 @@ class Deadlines:
         self.tick = tick
         self._due: dict[asyncio.Task[object], Deadline] = {}
         self._timer: asyncio.TimerHandle | None = None
+        # The loop of the last bound: asyncio.current_task(loop) is a dict lookup, while finding the running
+        # loop costs a getpid() system call per request on Python 3.11.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def __len__(self) -> int:
         return len(self._due)
 
     def bound(self, seconds: float) -> Deadline:
         """A context manager bounding the current task's time inside it to ``seconds`` (plus up to a tick)."""
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("Deadlines.bound needs a running task")
-        loop = task.get_loop()
+        # A task is current on a loop only while that loop runs it, in the calling thread (one thread at a
+        # time uses these Deadlines): found there, it is ours; else the running loop is another one.
+        loop = self._loop
+        task = asyncio.current_task(loop) if loop is not None else None
+        if task is None or loop is None:
+            loop = asyncio.get_running_loop()
+            if loop is not self._loop:  # another loop (tests run one after another): its own timer and tasks
+                self._loop, self._timer = loop, None
+                self._due = {t: d for t, d in self._due.items() if t.get_loop() is loop}
+            task = asyncio.current_task(loop)
+            if task is None:
+                raise RuntimeError("Deadlines.bound needs a running task")
         return Deadline(self, task, loop.time() + seconds)
-
-    def _enter(self, deadline: Deadline) -> None:
-        if deadline.task in self._due:
-            raise RuntimeError("the task is already inside a deadline of these Deadlines")
-        self._due[deadline.task] = deadline
-        if self._timer is None:
-            self._timer = deadline.task.get_loop().call_later(self.tick, self._sweep)
-
-    def _exit(self, deadline: Deadline) -> None:
-        self._due.pop(deadline.task, None)
 
     def _sweep(self) -> None:
         self._timer = None
         if not self._due:
             return  # nothing in flight: the next request starts the timer again
-        loop = next(iter(self._due)).get_loop()
+        loop = next(iter(self._due.values())).task.get_loop()
         now = loop.time()
         for deadline in [d for d in self._due.values() if d.when <= now and not d.expired]:
             deadline.expired = True
@@ -71,13 +72,18 @@ class Deadline:
         self._cancelling = 0
 
     def __enter__(self) -> Deadline:
-        self._cancelling = self.task.cancelling()
-        self._deadlines._enter(self)
+        deadlines, task = self._deadlines, self.task
+        if task in deadlines._due:
+            raise RuntimeError("the task is already inside a deadline of these Deadlines")
+        self._cancelling = task.cancelling()
+        deadlines._due[task] = self
+        if deadlines._timer is None:
+            deadlines._timer = task.get_loop().call_later(deadlines.tick, deadlines._sweep)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._deadlines._exit(self)
+        self._deadlines._due.pop(self.task, None)
         # as asyncio.Timeout: our own cancellation (and only ours) becomes TimeoutError
         if self.expired and self.task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
             raise TimeoutError from exc

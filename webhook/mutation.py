@@ -83,7 +83,8 @@ class MutationResult:
 
 def is_opted_in(pod: Mapping[str, Any]) -> bool:
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    return isinstance(labels, Mapping) and labels.get(ENABLED_LABEL) == "true"
+    # a dict is the usual case: checked first, as the Mapping check is an ABC lookup
+    return (type(labels) is dict or isinstance(labels, Mapping)) and labels.get(ENABLED_LABEL) == "true"
 
 
 def mutate(pod: KubeObject, view: ClusterView, *, scheduler_name: str, index: int,

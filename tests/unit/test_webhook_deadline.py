@@ -80,3 +80,25 @@ async def test_one_bound_per_task_at_a_time() -> None:
 def test_the_tick_is_positive() -> None:
     with pytest.raises(ValueError):
         Deadlines(tick=0)
+
+
+def test_one_deadlines_serves_one_loop_after_another() -> None:
+    deadlines = Deadlines(tick=0.01)
+
+    async def slow() -> str:
+        try:
+            with deadlines.bound(0.02):
+                await asyncio.sleep(10)
+        except TimeoutError:
+            return "timed out"
+        return "answered"
+
+    async def fast() -> str:
+        with deadlines.bound(5):
+            await asyncio.sleep(0)
+        return "answered"
+
+    for _ in range(2):  # a new loop each time: the bound finds the running one
+        assert asyncio.run(fast()) == "answered"
+        assert asyncio.run(slow()) == "timed out"
+    assert len(deadlines) == 0
