@@ -29,6 +29,7 @@ from kubernetes import client
 from extender.kube.aio import AsyncKube
 from extender.kube.client import api_call, error_message, error_status, request_json
 from extender.kube.resources import EVENTS, collection_path, object_path
+from extender.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +102,7 @@ class EventRecorder:
             return
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._queue.join(), flush_timeout)
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks = []
 
     async def _drain(self) -> None:

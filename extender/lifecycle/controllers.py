@@ -23,10 +23,11 @@ from extender.kube.events import EventRecorder
 from extender.kube.informer import WatchCache
 from extender.lifecycle.compactor import Compactor, CompactorMetrics
 from extender.lifecycle.config import CapacityConfig
-from extender.lifecycle.live import KubePort, LiveView, ObjectStore, cancel, run_caches
+from extender.lifecycle.live import KubePort, LiveView, ObjectStore, run_caches
 from extender.lifecycle.provisioner import Provisioner, ProvisionerMetrics
 from extender.plan import Action
 from extender.state import ClusterState, FilterOutcome
+from extender.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,6 @@ class CapacityControllers:
                 self._loop("compactor", self.compactor.reconcile, None),
             )
         finally:
-            await cancel(tasks)
+            await cancel_and_wait(tasks)
 
 

@@ -8,7 +8,6 @@ controllers run exactly the code ``tf-extender plan`` runs. ``KubePort`` does th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 import time
@@ -208,9 +207,3 @@ async def run_caches(caches: Sequence[WatchCache]) -> list[asyncio.Task[None]]:
     return [asyncio.create_task(c.run(), name=f"capacity-{c.name}") for c in caches]
 
 
-async def cancel(tasks: Sequence[asyncio.Task[None]]) -> None:
-    for task in tasks:
-        task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
