@@ -137,10 +137,6 @@ class Binder:
         task.add_done_callback(functools.partial(self._finished, key))
         return task
 
-    def in_flight(self) -> int:
-        """Binds started and not finished."""
-        return len(self._running)
-
     def _finished(self, key: str, task: asyncio.Task[str]) -> None:
         running = self._running.get(key)
         if running is not None and running[1] is task:

@@ -64,7 +64,6 @@ log = logging.getLogger(__name__)
 
 COMPONENT = "tensor-fusion-extender"
 POD_SELECTOR = f"{COMPONENT_LABEL}={COMPONENT_WORKER}"
-BINDS_BEFORE_EVENTS_WAIT = 8
 
 
 @dataclass(frozen=True)
@@ -130,7 +129,7 @@ class ExtenderService:
                                           on_nudge=lambda node, outcome: self.metrics.scheduler_nudges.labels(
                                               outcome).inc())
             self.state.on_room = self.nudger.gained
-        self.recorder = EventRecorder(api_client, COMPONENT, kube=self.kube, busy=self._binds_piling_up)
+        self.recorder = EventRecorder(api_client, COMPONENT, kube=self.kube)
         pod_api = KubePodApi(self.kube)
         self.binder = Binder(self.state, self.caches["pods"], pod_api, self.recorder, self.metrics)
         self.pdb: PdbGuard | None = None
@@ -193,11 +192,6 @@ class ExtenderService:
         ref = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"namespace": namespace, "name": name, "uid": allocation.uid}}
         self.recorder.record(ref, "GPUAllocationNotBelieved", message, "Warning")
-
-    def _binds_piling_up(self) -> bool:
-        # A bind takes milliseconds on a healthy API server, so more than a few at once means it is slow:
-        # events (one per bind) then wait rather than compete with the binds for it.
-        return self.binder.in_flight() >= BINDS_BEFORE_EVENTS_WAIT
 
     async def _patch_node(self, node: str, patch: dict[str, Any]) -> None:
         await self.kube.request("PATCH", resources.object_path(resources.NODES, node), body=patch,

@@ -4,9 +4,7 @@
 message) seen again within the window is folded into the earlier Event (count and lastTimestamp)
 instead of creating a new one. A few posts run at once, so a slow API server (each post waiting for its
 answer) does not fill the queue; when it is full anyway, events are dropped and counted, with one log line
-per ``DROP_REPORT_SECONDS``. Events are the least urgent writes: given ``busy``, posts wait while it says
-the API server has more urgent work queued (the extender: binds piling up), so a burst of binds on a slow
-API server is not slowed further by an event per bind.
+per ``DROP_REPORT_SECONDS``.
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 1024
 POSTERS = 4  # events posted at once
-DEFER_POLL_SECONDS = 0.1
 DROP_REPORT_SECONDS = 10.0
 
 
@@ -54,12 +51,9 @@ EventKey = tuple[str, str, str, str, str]
 class EventRecorder:
     def __init__(self, api_client: client.ApiClient, component: str, *, window: float = 60.0,
                  max_queued: int = 1000, clock: Callable[[], float] = time.monotonic,
-                 kube: AsyncKube | None = None, busy: Callable[[], bool] | None = None,
-                 max_defer: float = 30.0) -> None:
+                 kube: AsyncKube | None = None) -> None:
         self.api_client = api_client
         self.kube = kube  # when given, events go out on the event loop instead of the thread pool
-        self.busy = busy  # while it answers True, posts wait (at most max_defer seconds each)
-        self.max_defer = max_defer
         self.component = component
         self.window = window
         self._clock = clock
@@ -109,7 +103,6 @@ class EventRecorder:
         while True:
             obj, reason, message, type_ = await self._queue.get()
             try:
-                await self._wait_while_busy()
                 await self._post(obj, reason, message, type_)
             except asyncio.CancelledError:
                 raise
@@ -117,16 +110,6 @@ class EventRecorder:
                 log.warning("event not posted", extra={"reason": reason, "error": error_message(exc)})
             finally:
                 self._queue.task_done()
-
-    async def _wait_while_busy(self) -> None:
-        """Events yield to more urgent writes (binds piling up on a slow API server), up to
-        ``max_defer`` seconds each."""
-        if self.busy is None:
-            return
-        waited = 0.0
-        while waited < self.max_defer and self.busy():
-            await asyncio.sleep(DEFER_POLL_SECONDS)
-            waited += DEFER_POLL_SECONDS
 
     async def _post(self, obj: dict[str, Any], reason: str, message: str, type_: str) -> None:
         involved = involved_object(obj)

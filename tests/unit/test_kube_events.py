@@ -156,25 +156,3 @@ async def test_dropped_events_are_counted_and_reported_once_per_interval(
             recorder.record(POD, "R", f"m{i}")  # not started: two queue, the rest drop
     assert recorder.dropped == 48
     assert [r.getMessage() for r in caplog.records] == ["events dropped: queue full"]
-
-
-async def test_events_wait_while_the_api_server_is_busy_with_more_urgent_writes(fake: Any) -> None:
-    events, api_client = fake
-    busy = True
-    recorder = EventRecorder(api_client, "x", busy=lambda: busy, max_defer=5.0)
-    await recorder.start()
-    recorder.record(POD, "R", "after the binds")
-    await asyncio.sleep(0.3)
-    assert events.created == []  # held back while busy
-    busy = False
-    await recorder.stop(flush_timeout=2)
-    assert [e["message"] for e in events.created] == ["after the binds"]
-
-
-async def test_a_busy_api_server_delays_events_at_most_max_defer(fake: Any) -> None:
-    events, api_client = fake
-    recorder = EventRecorder(api_client, "x", busy=lambda: True, max_defer=0.2)
-    await recorder.start()
-    recorder.record(POD, "R", "late but posted")
-    await recorder.stop(flush_timeout=3)
-    assert [e["message"] for e in events.created] == ["late but posted"]
