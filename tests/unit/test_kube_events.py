@@ -93,6 +93,10 @@ async def test_api_failures_are_swallowed_and_later_events_still_go_out(fake: An
     recorder = EventRecorder(api_client, "x")
     await recorder.start()
     recorder.record(POD, "A", "first")
+    for _ in range(200):  # until the API server has refused it
+        if not events.fail_next:
+            break
+        await asyncio.sleep(0.01)
     recorder.record(POD, "B", "second")
     await recorder.stop()
     assert [e["reason"] for e in events.created] == ["B"]
