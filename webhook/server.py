@@ -114,6 +114,12 @@ async def handle_mutate(request: web.Request) -> web.Response:
     fields: dict[str, Any] = {}
     try:
         with service.deadlines.bound(service.request_timeout):
+            encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):
+                # The API server sends reviews uncompressed. Refused before reading: aiohttp can wait for
+                # the rest of a one-byte deflate body that will never come, until the request's deadline.
+                raise ReviewError(f"Content-Encoding {encoding[:40]!r} is not accepted: send the "
+                                  "AdmissionReview uncompressed")
             try:
                 body = await request.read()
             except (web.HTTPException, TimeoutError):

@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import gzip
 import json
 import socket
 import ssl
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +146,20 @@ async def test_malformed_reviews_with_uid_get_a_denial(client: TestClient[Any, A
     answer = body["response"]
     assert (status, answer["uid"], answer["allowed"], answer["status"]["code"]) == (200, "uid-1", False, 400)
     assert needle in answer["status"]["message"]
+
+
+# (a "br" body aiohttp refuses itself, before any handler: brotli is not installed)
+@pytest.mark.parametrize(("encoding", "compress"), [("deflate", zlib.compress), ("gzip", gzip.compress),
+                                                    ("x-bogus", bytes)])
+async def test_compressed_reviews_are_refused_before_reading(client: TestClient[Any, Any], encoding: str,
+                                                             compress: Callable[[bytes], bytes]) -> None:
+    # a one-byte deflate body once left aiohttp waiting for more until the request's deadline (a 504)
+    data = compress(json.dumps(review(pod())).encode())
+    response = await client.post("/mutate", data=data, headers={"Content-Encoding": encoding,
+                                                                 "Content-Type": "application/json"})
+    body = await response.json()
+    assert response.status == 400
+    assert f"Content-Encoding '{encoding}' is not accepted" in body["message"]
 
 
 async def test_huge_body_is_refused(client: TestClient[Any, Any]) -> None:
