@@ -113,12 +113,6 @@ def line_batches(chunks: Iterable[bytes]) -> Iterator[list[bytes]]:
             yield batch
 
 
-def split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """Complete newline-terminated lines of a chunked stream (a trailing partial line is dropped)."""
-    for batch in line_batches(chunks):
-        yield from batch
-
-
 class Backoff:
     """Capped exponential backoff with jitter: base, 2*base, 4*base ... up to ``cap``, each +-jitter."""
 

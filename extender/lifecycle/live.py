@@ -205,5 +205,3 @@ class LiveView:
 
 async def run_caches(caches: Sequence[WatchCache]) -> list[asyncio.Task[None]]:
     return [asyncio.create_task(c.run(), name=f"capacity-{c.name}") for c in caches]
-
-
