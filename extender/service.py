@@ -118,17 +118,16 @@ class ExtenderService:
                  observers: Sequence[FilterObserver] = ()) -> None:
         self.settings = settings
         self.metrics = Metrics()
+        self.kube = AsyncKube.from_api_client(api_client)
+        self.nudger = (SchedulerNudger(self._patch_node,
+                                       on_nudge=lambda node, outcome: self.metrics.scheduler_nudges.labels(
+                                           outcome).inc())
+                       if settings.nudge_scheduler else None)
         self.state = ClusterState(inventory=settings.inventory, max_pods_per_node=settings.max_pods_per_node,
-                                  on_refused=self.distrusted)
+                                  on_refused=self.distrusted,
+                                  on_room=self.nudger.gained if self.nudger is not None else None)
         self.caches = build_caches(api_client, self.state, settings.inventory)
         self._synced = False
-        self.kube = AsyncKube.from_api_client(api_client)
-        self.nudger: SchedulerNudger | None = None
-        if settings.nudge_scheduler:
-            self.nudger = SchedulerNudger(self._patch_node,
-                                          on_nudge=lambda node, outcome: self.metrics.scheduler_nudges.labels(
-                                              outcome).inc())
-            self.state.on_room = self.nudger.gained
         self.recorder = EventRecorder(api_client, COMPONENT, kube=self.kube)
         pod_api = KubePodApi(self.kube)
         self.binder = Binder(self.state, self.caches["pods"], pod_api, self.recorder, self.metrics)

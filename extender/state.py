@@ -300,7 +300,7 @@ class ClusterState:
         self._hold_queue: deque[tuple[float, Allocation]] = deque()
         self.vector_min = _VECTOR_MIN
         # told the nodes where room may have appeared (GPUs added or changed, an allocation freed)
-        self.on_room: Callable[[Iterable[str]], None] = on_room or (lambda nodes: None)
+        self._on_room: Callable[[Iterable[str]], None] = on_room or (lambda nodes: None)
 
     # --- events -----------------------------------------------------------------------------------
 
@@ -434,7 +434,7 @@ class ClusterState:
             self._devices.pop(node, None)
         self._touch(touched)
         if any(old.get(device.name) != device for device in new):
-            self.on_room((node,))
+            self._on_room((node,))
 
     def _touch(self, nodes: Iterable[str]) -> None:
         mark = self._columns.mark_node
@@ -461,7 +461,7 @@ class ClusterState:
     def _freed(self, nodes: set[str]) -> None:
         self._touch(nodes)
         if nodes:
-            self.on_room(nodes)
+            self._on_room(nodes)
 
     def _slots(self, node: str) -> list[Slot]:
         usage = self._ledger.usage
