@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from extender.contract import DOMAIN
+from extender.kube.client import error_message, error_status
 from extender.state import FilterOutcome
 
 log = logging.getLogger(__name__)
@@ -149,12 +150,11 @@ class SchedulerNudger:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            status = getattr(exc, "status", None)
-            if status == 404:
+            if error_status(exc) == 404:
                 self.nudges.forget(node)
                 self._on_nudge(node, "gone")
                 return
-            log.warning("scheduler nudge failed", extra={"node": node, "error": str(exc)[:200]})
+            log.warning("scheduler nudge failed", extra={"node": node, "error": error_message(exc)})
             self._on_nudge(node, "error")
             return
         log.info("nudged kube-scheduler", extra={"node": node})
