@@ -4,12 +4,12 @@ owners from the owner cache. The only module of the webhook that talks to the AP
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 from extender.kube.informer import WatchCache
 from extender.kube.resources import GPU_POOLS, SCHEDULING_CONFIG_TEMPLATES, WORKLOAD_PROFILES
+from extender.tasks import cancel_and_wait
 from webhook.owners import OwnerCache, OwnerKey, api_fetcher, owners_of
 from webhook.view import ClusterView, KubeObject, pick_default_pool
 
@@ -91,11 +91,7 @@ class ServingCaches:
         self._tasks = [asyncio.create_task(cache.run(), name=f"watch-{cache.name}") for cache in self._caches]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)  # the watches retry their errors: only cancellation ends them
         self._tasks = []
 
     async def view_for(self, pod: KubeObject, namespace: str) -> ClusterView:
