@@ -9,6 +9,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
+from extender import eventloop
 from extender.expansion import config as expansion_config
 from extender.expansion import provisioner as autoscaler_config
 from extender.lifecycle import config as capacity_config
@@ -141,7 +142,7 @@ def serve(args: argparse.Namespace) -> int:
         nudge_scheduler=args.nudge_scheduler,
     )
     try:
-        asyncio.run(_run(ExtenderService(api_client, settings)))
+        eventloop.run(_run(ExtenderService(api_client, settings)))
     except (OSError, CertificateError) as exc:  # port in use, unreadable certificates ...
         log.error("cannot serve", extra={"error": str(exc)})
         print(f"tf-extender: {exc}", file=sys.stderr)

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from extender import eventloop
 from extender.logs import setup_logging
 from webhook.karpenter import DoNotDisruptSwitch, Mode, api_probe, running
 from webhook.mutation import mutate
@@ -75,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_mutate(args)
     setup_logging(args.log_level)
     try:
-        return asyncio.run(serve(args))
+        return eventloop.run(serve(args))
     except KeyboardInterrupt:
         return 0
     except Exception as exc:  # startup failures: bad certificates, kubeconfig, port in use
