@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
@@ -114,6 +114,25 @@ class AsyncKube:
         if not 200 <= status <= 299:
             raise ApiException(status=status, reason=reason, body=raw.decode(errors="replace"))
         return orjson.loads(raw) if raw else None
+
+    async def stream(self, path: str, *, query: Mapping[str, str], read_timeout: float,
+                     connect_timeout: float = 5.0) -> AsyncIterator[bytes]:
+        """The body of a long GET (a watch), in the pieces it arrives in.
+
+        Raises ``ApiException`` when the answer is not 2xx; a broken connection raises aiohttp's own
+        errors (a read, so nothing to find out about). ``read_timeout`` bounds each wait for data.
+        """
+        session = self._session_now()
+        limits = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
+        async with session.get(self.host + path, params=query, headers=self._headers(None), timeout=limits,
+                               server_hostname=getattr(self.configuration, "tls_server_name", None) or None,
+                               ) as response:
+            if not 200 <= response.status <= 299:
+                raw = await response.read()
+                raise ApiException(status=response.status, reason=response.reason,
+                                   body=raw.decode(errors="replace"))
+            async for chunk in response.content.iter_any():
+                yield chunk
 
     async def close(self) -> None:
         if self._session is not None:

@@ -1,28 +1,28 @@
 """Watch-fed caches of API objects (a small informer).
 
-A cache lists its resource, then watches from the list's resourceVersion. The blocking list and
-watch stream run on threads and hand every event to the event loop with ``call_soon_threadsafe``,
-so the store and the ``on_change`` callback are only touched on the loop thread, in order. When the
-watch is too old (410 Gone) the cache relists and emits synthetic events for what changed meanwhile.
+A cache lists its resource, then watches from the list's resourceVersion. The (paged, blocking) list
+runs on a thread; the watch streams on the event loop through its own aiohttp connection, so the
+store and the ``on_change`` callback are only touched on the loop thread, in order, and an event costs
+no thread hand-off. When the watch is too old (410 Gone) the cache relists and emits synthetic
+events for what changed meanwhile; when it breaks, it resumes after the last event it delivered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
-import contextlib
 import json
 import logging
 import random
-import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
 from kubernetes import client
 
-from extender.kube.client import ApiException, error_message, error_status, open_request, request_json
+from extender.kube.aio import AsyncKube
+from extender.kube.client import ApiException, error_message, error_status, request_json
 from extender.kube.resources import Resource, collection_path
 
 log = logging.getLogger(__name__)
@@ -33,8 +33,8 @@ DELETED = "DELETED"
 
 OnChange = Callable[[str, dict[str, Any]], None]
 
-# Watches hold a thread for up to a minute each; keep them away from the short-call pool.
-_WATCH_EXECUTOR = ThreadPoolExecutor(max_workers=64, thread_name_prefix="kube-watch")
+# Lists (paged, slow on a big cluster) run on threads of their own, away from the short-call pool.
+_LIST_EXECUTOR = ThreadPoolExecutor(max_workers=16, thread_name_prefix="kube-list")
 
 
 class Gone(Exception):
@@ -88,29 +88,31 @@ def relist_events(old: Mapping[str, dict[str, Any]],
     return events
 
 
-def line_batches(chunks: Iterable[bytes]) -> Iterator[list[bytes]]:
-    """The complete newline-terminated lines each chunk of a stream finishes (a trailing partial line is
-    dropped); chunks that finish none give nothing.
+class LineSplitter:
+    """Splits a stream, fed in the chunks it arrives in, into its complete newline-terminated lines.
 
     A watch event (a whole Pod) often spans several chunks: the pieces of an unfinished line are kept
-    apart and joined once, when its newline arrives, so each byte is scanned and copied once."""
-    pending: list[bytes] = []
-    for chunk in chunks:
+    apart and joined once, when its newline arrives, so each byte is scanned and copied once. Blank
+    lines are dropped."""
+
+    def __init__(self) -> None:
+        self._pending: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The lines ``chunk`` finishes, in order (often none)."""
         if b"\n" not in chunk:
             if chunk:
-                pending.append(chunk)
-            continue
+                self._pending.append(chunk)
+            return []
         head, *lines = chunk.split(b"\n")
-        if pending:
-            pending.append(head)
-            head = b"".join(pending)
-            pending = []
+        if self._pending:
+            self._pending.append(head)
+            head = b"".join(self._pending)
+            self._pending = []
         tail = lines.pop()
         if tail:
-            pending.append(tail)
-        batch = [line for line in (head, *lines) if line.strip()]
-        if batch:
-            yield batch
+            self._pending.append(tail)
+        return [line for line in (head, *lines) if line.strip()]
 
 
 class Backoff:
@@ -166,6 +168,7 @@ class WatchCache:
         self.synced = asyncio.Event()
         self._backoff = backoff or Backoff()
         self._store: dict[str, dict[str, Any]] = {}
+        self._watched_to = ""  # the resourceVersion of the last event the running watch delivered
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -180,30 +183,36 @@ class WatchCache:
     async def run(self) -> None:
         """List and watch until cancelled. Never returns otherwise; errors are retried."""
         loop = asyncio.get_running_loop()
+        kube = AsyncKube(self.api_client.configuration, pool_size=1)  # the watch's own connection
         version: str | None = None
-        while True:
-            try:
-                if version is None:
-                    items, listed = await loop.run_in_executor(_WATCH_EXECUTOR, self._list_blocking)
-                    self.replace(items)
+        try:
+            while True:
+                try:
+                    if version is None:
+                        items, listed = await loop.run_in_executor(_LIST_EXECUTOR, self._list_blocking)
+                        self.replace(items)
+                        self._backoff.reset()
+                        version = listed
+                    self._watched_to = version
+                    await self._watch(kube, version)
                     self._backoff.reset()
-                    version = listed
-                version = await self._watch(loop, version)
-                self._backoff.reset()
-            except asyncio.CancelledError:
-                raise
-            except Gone as exc:
-                log.info("watch expired, relisting", extra={"cache": self.name, "detail": str(exc)})
-                version = None
-            except Exception as exc:
-                if version is None and self.optional and error_status(exc) == 404:
-                    self.replace([])
-                    await asyncio.sleep(self._backoff.cap)
+                except Gone as exc:
+                    log.info("watch expired, relisting", extra={"cache": self.name, "detail": str(exc)})
+                    version = None
                     continue
-                delay = self._backoff.next()
-                log.warning("watch failed, retrying", extra={
-                    "cache": self.name, "error": error_message(exc), "retry_in_s": round(delay, 2)})
-                await asyncio.sleep(delay)
+                except Exception as exc:
+                    if version is None and self.optional and error_status(exc) == 404:
+                        self.replace([])
+                        await asyncio.sleep(self._backoff.cap)
+                        continue
+                    delay = self._backoff.next()
+                    log.warning("watch failed, retrying", extra={
+                        "cache": self.name, "error": error_message(exc), "retry_in_s": round(delay, 2)})
+                    await asyncio.sleep(delay)
+                if version is not None:
+                    version = self._watched_to  # resume after the last event seen, not replay from the list
+        finally:
+            await kube.close()
 
     def replace(self, items: Iterable[dict[str, Any]]) -> None:
         """Swap in a full listing, emitting the difference; marks the cache synced."""
@@ -223,8 +232,8 @@ class WatchCache:
         except Exception:
             log.exception("on_change failed", extra={"cache": self.name, "object": object_key(obj)})
 
-    def _query(self) -> dict[str, str | int | bool]:
-        query: dict[str, str | int | bool] = {}
+    def _query(self) -> dict[str, str]:
+        query: dict[str, str] = {}
         if self.label_selector:
             query["labelSelector"] = self.label_selector
         if self.field_selector:
@@ -244,7 +253,7 @@ class WatchCache:
         items: builtins.list[dict[str, Any]] = []
         token: str | None = None
         while True:
-            query = self._query() | {"limit": self.page_size}
+            query: dict[str, str | int | bool] = {**self._query(), "limit": self.page_size}
             if token:
                 query["continue"] = token
             try:
@@ -259,61 +268,23 @@ class WatchCache:
             if not token:
                 return items, str(metadata.get("resourceVersion", ""))
 
-    async def _watch(self, loop: asyncio.AbstractEventLoop, version: str) -> str:
-        stop = threading.Event()
-        responses: builtins.list[Any] = []
-
-        def deliver(events: builtins.list[tuple[str, dict[str, Any]]]) -> None:
-            for event_type, obj in events:
-                if stop.is_set():
-                    return
-                self.handle(event_type, obj)
-
-        def emit(events: builtins.list[tuple[str, dict[str, Any]]]) -> None:
-            # one wake-up of the loop per chunk read, not per event: under load a chunk carries several
-            if events and not stop.is_set():
-                loop.call_soon_threadsafe(deliver, events)
-
-        future = loop.run_in_executor(_WATCH_EXECUTOR, self._watch_blocking, version, emit, stop, responses)
-        try:
-            return await future
-        except BaseException:
-            # Cancelled (or failed): stop the thread now rather than at the watch timeout.
-            stop.set()
-            for response in responses:
-                _interrupt(response)
-            raise
-
-    def _watch_blocking(self, version: str, emit: Callable[[builtins.list[tuple[str, dict[str, Any]]]], None],
-                        stop: threading.Event, responses: builtins.list[Any]) -> str:
-        query = self._query() | {
-            "watch": True, "resourceVersion": version, "allowWatchBookmarks": True,
-            "timeoutSeconds": self.watch_timeout,
+    async def _watch(self, kube: AsyncKube, version: str) -> None:
+        """Watch from ``version`` until the server ends the watch; ``_watched_to`` follows the events."""
+        query = {
+            **self._query(), "watch": "true", "resourceVersion": version, "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(self.watch_timeout),
         }
+        lines = LineSplitter()
         try:
-            response = open_request(self.api_client, "GET", self._path(), query=query,
-                                    timeout=(5.0, self.watch_timeout + 30.0))
+            async for chunk in kube.stream(self._path(), query=query, read_timeout=self.watch_timeout + 30.0):
+                for line in lines.feed(chunk):
+                    self._handle_line(line)
         except ApiException as exc:
             if exc.status == 410:
                 raise Gone(error_message(exc)) from exc
             raise
-        responses.append(response)
-        try:
-            for lines in line_batches(response.stream(amt=None, decode_content=True)):
-                if stop.is_set():
-                    break
-                events: builtins.list[tuple[str, dict[str, Any]]] = []
-                try:
-                    for line in lines:
-                        version = self._handle_line(line, version, events)
-                finally:
-                    emit(events)  # the events before an ERROR line still count
-        finally:
-            with contextlib.suppress(Exception):
-                response.release_conn()
-        return version
 
-    def _handle_line(self, line: bytes, version: str, out: builtins.list[tuple[str, dict[str, Any]]]) -> str:
+    def _handle_line(self, line: bytes) -> None:
         event = orjson.loads(line)
         event_type = event.get("type")
         obj = event.get("object") or {}
@@ -322,13 +293,7 @@ class WatchCache:
             if obj.get("code") == 410 or "too old resource version" in message:
                 raise Gone(message)
             raise WatchError(message or json.dumps(obj))
-        version = resource_version(obj) or version
+        self._watched_to = resource_version(obj) or self._watched_to
         if event_type in (ADDED, MODIFIED, DELETED):
-            out.append((event_type, self._with_kind(obj)))
-        return version
+            self.handle(event_type, self._with_kind(obj))
 
-
-def _interrupt(response: Any) -> None:
-    for method in ("shutdown", "close"):
-        with contextlib.suppress(Exception):
-            getattr(response, method)()

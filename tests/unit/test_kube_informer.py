@@ -51,19 +51,24 @@ def test_apply_event_keys_namespaced_and_cluster_objects() -> None:
     assert set(store) == {"gpu-0"}
 
 
+def _batches(chunks: list[bytes]) -> list[list[bytes]]:
+    splitter = informer.LineSplitter()
+    return [splitter.feed(chunk) for chunk in chunks]
+
+
 def _lines(chunks: list[bytes]) -> list[bytes]:
-    return [line for batch in informer.line_batches(chunks) for line in batch]
+    return [line for batch in _batches(chunks) for line in batch]
 
 
 @given(st.lists(st.binary(max_size=20), max_size=20))
-def test_line_batches_recover_every_complete_line(chunks: list[bytes]) -> None:
+def test_line_splitter_recovers_every_complete_line(chunks: list[bytes]) -> None:
     data = b"".join(chunks)
     expected = [line for line in data.split(b"\n")[:-1] if line.strip()]
     assert _lines(chunks) == expected
 
 
 @given(st.lists(st.sampled_from([b"\n", b"\n\n", b"{", b"}", b" ", b"ab", b"\nc\n", b"d\n"]), max_size=30))
-def test_line_batches_join_lines_spread_over_many_chunks(chunks: list[bytes]) -> None:
+def test_line_splitter_joins_lines_spread_over_many_chunks(chunks: list[bytes]) -> None:
     data = b"".join(chunks)
     expected = [line for line in data.split(b"\n")[:-1] if line.strip()]
     assert _lines(chunks) == expected
@@ -85,13 +90,17 @@ def test_backoff_jitter_stays_within_bounds(r: float, attempts: int) -> None:
     assert 0.8 * nominal - 1e-9 <= backoff.next() <= 1.2 * nominal + 1e-9
 
 
+BREAK: dict[str, Any] = {}
+
+
 class FakeApi:
     """Serves list and watch of pods like the API server: a list, then watch streams from a version."""
 
     def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
         self.list_rv = "10"
-        self.watch_batches: list[list[dict[str, Any]] | int] = []  # events, or an HTTP status
+        # events, or an HTTP status; a batch ending in BREAK drops the connection mid-stream
+        self.watch_batches: list[list[dict[str, Any]] | int] = []
         self.watch_queries: list[dict[str, str]] = []
         self.list_queries: list[dict[str, str]] = []
         self.hold = asyncio.Event()
@@ -109,6 +118,11 @@ class FakeApi:
         response = web.StreamResponse()
         await response.prepare(request)
         for event in batch or []:
+            if event is BREAK:
+                await response.write(b'{"type": "MODIFIED", "obj')  # half an event, then a lost connection
+                assert request.transport is not None
+                request.transport.abort()
+                return response
             await response.write(json.dumps(event).encode() + b"\n")
         if batch is None:
             await self.hold.wait()  # an idle watch
@@ -166,6 +180,26 @@ async def test_lists_then_watches_from_the_list_version_and_reports_in_order(api
         assert cache.get("a", "default")["metadata"]["resourceVersion"] == "13"  # type: ignore[index]
         assert cache.get("b", "default") is None
         assert [o["metadata"]["name"] for o in cache.list()] == ["a"]
+    finally:
+        task.cancel()
+        fake.hold.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_a_broken_watch_resumes_after_the_last_event_it_delivered(api: Any) -> None:
+    fake, api_client = api
+    fake.watch_batches = [[{"type": "ADDED", "object": {"kind": "Pod", "apiVersion": "v1", **pod("b", "11")}},
+                           BREAK]]
+    seen: list[str] = []
+    cache = WatchCache(api_client, PODS, backoff=Backoff(base=0.01, cap=0.01),
+                       on_change=lambda t, o: seen.append(o["metadata"]["resourceVersion"]))
+    task = asyncio.create_task(cache.run())
+    try:
+        await wait_for(lambda: len(fake.watch_queries) >= 2)
+        assert fake.watch_queries[1]["resourceVersion"] == "11"  # not the list's "10": no replay
+        assert len(fake.list_queries) == 1
+        assert seen == ["11"]
     finally:
         task.cancel()
         fake.hold.set()
@@ -257,10 +291,9 @@ async def test_a_failing_callback_does_not_stop_the_cache(api: Any) -> None:
 
 
 @given(st.lists(st.sampled_from([b"\n", b"x", b"{}\n{}", b" \n", b"\ny\nz"]), max_size=30))
-def test_line_batches_give_each_line_once_with_the_chunk_that_finishes_it(chunks: list[bytes]) -> None:
-    batches = list(informer.line_batches(chunks))
-    assert all(batches)
+def test_line_splitter_gives_each_line_once_with_the_chunk_that_finishes_it(chunks: list[bytes]) -> None:
+    for chunk, batch in zip(chunks, _batches(chunks), strict=True):
+        if b"\n" not in chunk:
+            assert batch == []
     expected = [line for line in b"".join(chunks).split(b"\n")[:-1] if line.strip()]
-    assert [line for batch in batches for line in batch] == expected
-    finishing = [c for c in chunks if b"\n" in c]
-    assert len(batches) <= len(finishing)
+    assert _lines(chunks) == expected
