@@ -30,7 +30,7 @@ from extender.contract import COMPONENT_LABEL, COMPONENT_WORKER
 from extender.defrag.kubeport import kube_defragmenter
 from extender.defrag.runner import Defragmenter
 from extender.expansion.config import ExpansionConfig
-from extender.expansion.kubeport import kube_expander
+from extender.expansion.kubeport import SharedCaches, kube_expander
 from extender.expansion.lease import LeaseKeeper
 from extender.expansion.placeholder_port import attach_placeholders
 from extender.expansion.provisioner import AutoscalerConfig
@@ -139,7 +139,9 @@ class ExtenderService:
             self.pdb = PdbGuard(self.caches["pods"], self.caches["poddisruptionbudgets"])
         self.preemptor = (Preemptor(self.state, pod_api, self.recorder, self.metrics, pdb=self.pdb)
                           if settings.preemptor else None)
-        self.expander = (kube_expander(settings.expansion, api_client, self.state, self.recorder,
+        shared = SharedCaches(nodes=self.caches["nodes"], gpupools=self.caches["gpupools"],
+                              gpu_pods=self.caches["pods"])
+        self.expander = (kube_expander(settings.expansion, api_client, self.state, self.recorder, shared,
                                        self.metrics.registry) if settings.expansion.enabled else None)
         self.status_writer = (GPUStatusWriter(
             self.state, KubeStatusApi(api_client), gpus=self.caches.get("gpus") or _NoObjects(),

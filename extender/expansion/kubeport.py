@@ -1,5 +1,6 @@
-"""The expander's view of the cluster through the API server: watch caches of NodeClaims, NodePools,
-Nodes and GPUPools, the pod re-read, the NodeClaim create, and events."""
+"""The expander's view of the cluster through the API server: watch caches of NodeClaims and NodePools,
+the extender's own caches of Nodes, GPUPools and GPU pods, the pod re-read, the NodeClaim create, and
+events."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ import contextlib
 import socket
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
-from extender.contract import COMPONENT_LABEL, COMPONENT_WORKER
-from extender.expansion.config import DEFAULT_SCHEDULER_NAME, ExpansionConfig
+from extender.expansion.config import ExpansionConfig
 from extender.expansion.fit import device_of
 from extender.expansion.karpenter import node_usable
 from extender.expansion.lease import LeaseKeeper
@@ -26,10 +27,8 @@ from extender.kube.events import EventRecorder
 from extender.kube.informer import DELETED, WatchCache
 from extender.kube.resources import (
     EVENTS,
-    GPU_POOLS,
     NODECLAIMS,
     NODEPOOLS,
-    NODES,
     PODS,
     collection_path,
     object_path,
@@ -40,10 +39,22 @@ from extender.state import ClusterState, GPUView
 NodeGPUs = Callable[[str], Sequence[GPUView | GPUDevice]]
 
 
+@dataclass(frozen=True)
+class SharedCaches:
+    """The extender's caches the expander reads too: ``gpu_pods`` holds the pods labelled as GPU workers."""
+
+    nodes: WatchCache
+    gpupools: WatchCache
+    gpu_pods: WatchCache
+
+
 class KubeExpansionPort:
+    """The expander's view of the API server. Nodes, GPU pools and GPU pods come from the extender's own
+    caches (``shared``: one watch per resource for the whole process); NodeClaims and NodePools from
+    caches of its own."""
+
     def __init__(self, api_client: client.ApiClient, node_gpus: NodeGPUs, recorder: EventRecorder,
-                 on_change: Callable[[], None] | None = None,
-                 scheduler_name: str = DEFAULT_SCHEDULER_NAME) -> None:
+                 shared: SharedCaches, on_change: Callable[[], None] | None = None) -> None:
         self.api_client = api_client
         self._node_gpus = node_gpus
         self._recorder = recorder
@@ -51,14 +62,13 @@ class KubeExpansionPort:
         self._by_provider: dict[str, str] = {}
         self.claims = WatchCache(api_client, NODECLAIMS, optional=True, on_change=self._changed)
         self.nodepools = WatchCache(api_client, NODEPOOLS, optional=True)
-        self.nodes = WatchCache(api_client, NODES, on_change=self._node_changed)
-        self.gpupools = WatchCache(api_client, GPU_POOLS, optional=True)
+        self.nodes = shared.nodes
+        self.gpupools = shared.gpupools
+        self._shared = (shared.nodes, shared.gpupools, shared.gpu_pods)
+        self.nodes.subscribe(self._node_changed)
+        # Pending GPU pods the scheduler never sent to the extender (Expander.pod_changed picks them out).
+        shared.gpu_pods.subscribe(self._pod_changed)
         self._on_pod: Callable[[dict[str, Any]], None] | None = None
-        # Pending GPU pods of the scheduler profile: those the scheduler never sent to the extender.
-        self.pending_pods = WatchCache(
-            api_client, PODS, label_selector=f"{COMPONENT_LABEL}={COMPONENT_WORKER}",
-            field_selector=f"spec.nodeName=,spec.schedulerName={scheduler_name}",
-            on_change=self._pod_changed, name="pending-gpu-pods")
         self._tasks: list[asyncio.Task[None]] = []
 
     def set_on_change(self, on_change: Callable[[], None]) -> None:
@@ -69,13 +79,15 @@ class KubeExpansionPort:
 
     @property
     def caches(self) -> tuple[WatchCache, ...]:
-        return (self.claims, self.nodepools, self.nodes, self.gpupools, self.pending_pods)
+        """The caches this port runs (the shared ones run with the extender's)."""
+        return (self.claims, self.nodepools)
 
     async def start(self, sync_timeout: float = 60.0) -> None:
         if not self._tasks:
             self._tasks = [asyncio.create_task(c.run(), name=f"expander-{c.name}") for c in self.caches]
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*(c.synced.wait() for c in self.caches)), sync_timeout)
+            await asyncio.wait_for(asyncio.gather(*(c.synced.wait() for c in (*self.caches, *self._shared))),
+                                   sync_timeout)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -166,10 +178,11 @@ class KubeExpansionPort:
 
 
 def kube_expander(config: ExpansionConfig, api_client: client.ApiClient, state: ClusterState,
-                  recorder: EventRecorder, registry: CollectorRegistry | None = None,
+                  recorder: EventRecorder, shared: SharedCaches, registry: CollectorRegistry | None = None,
                   identity: str | None = None) -> Expander:
-    """The expander wired to the API server: its own caches, the shared inventory and recorder, the Lease."""
-    port = KubeExpansionPort(api_client, state.node_gpus, recorder, scheduler_name=config.scheduler_name)
+    """The expander wired to the API server: the shared caches, inventory and recorder, its own claim
+    caches, the Lease."""
+    port = KubeExpansionPort(api_client, state.node_gpus, recorder, shared)
     leader = LeaseKeeper(
         api_client, config.lease_name, config.lease_namespace,
         identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",

@@ -169,6 +169,7 @@ class WatchCache:
         self._backoff = backoff or Backoff()
         self._store: dict[str, dict[str, Any]] = {}
         self._watched_to = ""  # the resourceVersion of the last event the running watch delivered
+        self._listeners: builtins.list[OnChange] = []
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -224,13 +225,21 @@ class WatchCache:
         """Apply one watch event (loop thread)."""
         self._emit(event_type, obj)
 
+    def subscribe(self, listener: OnChange) -> None:
+        """Also report every change to ``listener``, after ``on_change``: a second reader of the same
+        resource shares this watch instead of opening its own."""
+        self._listeners.append(listener)
+
     def _emit(self, event_type: str, obj: dict[str, Any]) -> None:
-        if not apply_event(self._store, event_type, obj) or self.on_change is None:
+        if not apply_event(self._store, event_type, obj):
             return
-        try:
-            self.on_change(event_type, obj)
-        except Exception:
-            log.exception("on_change failed", extra={"cache": self.name, "object": object_key(obj)})
+        for listener in (self.on_change, *self._listeners) if self._listeners else (self.on_change,):
+            if listener is None:
+                continue
+            try:
+                listener(event_type, obj)
+            except Exception:
+                log.exception("on_change failed", extra={"cache": self.name, "object": object_key(obj)})
 
     def _query(self) -> dict[str, str]:
         query: dict[str, str] = {}
