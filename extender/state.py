@@ -282,6 +282,8 @@ class ClusterState:
         self._templates: dict[str, Mode | None] = {}
         self._default_pool: str | None = None
         self._pods: dict[str, _Pod] = {}
+        # uid -> the (gpu-ids, allocated) annotations the ledger's count of a bound pod was read from
+        self._counted_from: dict[str, tuple[Any, Any]] = {}
         self._pods_by_node: dict[str, set[str]] = {}
         self._reserved_pods: dict[str, _Pod] = {}
         self._reservations: dict[str, tuple[Reservation, Allocation]] = {}
@@ -334,6 +336,7 @@ class ClusterState:
             self._pods_by_node.get(old.node, set()).discard(uid)
         phase = str((obj.get("status") or {}).get("phase") or "")
         if deleted or phase in TERMINAL_PHASES:
+            self._counted_from.pop(uid, None)
             self._freed(self._ledger.forget(uid))
             self._drop_reserved_pod(uid)
             return
@@ -343,13 +346,21 @@ class ClusterState:
         if node is not None:
             self._pods_by_node.setdefault(node, set()).add(uid)
         annotations = _map(_map(obj.get("metadata")).get("annotations"))
+        record_seen = (annotations.get(GPU_IDS), annotations.get(ALLOCATED))
+        if (node and self._counted_from.get(uid) == record_seen
+                and (counted := self._ledger.bound(uid)) is not None and counted.node == node):
+            return  # the allocation counted is the one these annotations say (a status update, say)
+        self._counted_from.pop(uid, None)
         gpu_ids = tuple(dict.fromkeys(parse_gpu_ids(annotations.get(GPU_IDS)))) if node else ()
         held = self._held_request(obj, annotations, len(gpu_ids)) if gpu_ids else None
         if node and held is not None:
             allocation = Allocation(uid, record.key, node, gpu_ids, held, record.priority)
             self._touch(self._ledger.bind(allocation))
-            if self._ledger.bound(uid) is not None:
+            if (counted := self._ledger.bound(uid)) is not None:
                 self._drop_reserved_pod(uid)
+                if counted.node == node and isinstance(record_seen[1], str):
+                    # ``held`` came from these two strings alone: the same pair next time counts the same
+                    self._counted_from[uid] = record_seen
         elif node and (counted := self._ledger.bound(uid)) is not None:
             # A bound pod whose allocation record was removed or broken still runs on its GPUs: the record
             # counted at bind time stands until the pod is gone.

@@ -490,6 +490,13 @@ def test_later_updates_of_a_bound_pod_with_the_same_record_are_not_findings() ->
     for rv in ("2", "3"):  # bound, then Running: the same record twice
         state.apply(Kind.POD, "MODIFIED", bound("a", "n1", "g1", tflops="80", annotations=recorded, rv=rv))
     assert found == [] and used(state, "g1")[0] == 80.0
+    # a record changed after those updates is still noticed, once, and the count stands until deletion
+    changed = {"tensor-fusion.ai/allocated": "tflops=1,vram=1Gi"}
+    for rv in ("4", "5"):
+        state.apply(Kind.POD, "MODIFIED", bound("a", "n1", "g1", tflops="80", annotations=changed, rv=rv))
+    assert found == ["record_changed"] and used(state, "g1")[0] == 80.0
+    state.apply(Kind.POD, "DELETED", bound("a", "n1", "g1", tflops="80", annotations=changed, rv="6"))
+    assert used(state, "g1")[0] == 0.0
 
 
 @pytest.mark.parametrize("mode", ["CompactFirst", "LowLoadFirst", "NodeCompactGPULowLoad"])
