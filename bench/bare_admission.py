@@ -8,6 +8,7 @@ work (parsing, mutation, patch, logging, metrics).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ssl
 
 from aiohttp import web
@@ -33,8 +34,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(args.cert, args.key)
+    # the event loop tf-webhook runs on (extender/eventloop.py), so the ratio compares handlers, not loops
+    try:
+        import uvloop
+    except ImportError:
+        loop = asyncio.new_event_loop()
+    else:
+        loop = uvloop.new_event_loop()
     web.run_app(make_app(), host=args.host, port=args.port, ssl_context=ctx, access_log=None,
-                print=None)
+                print=None, loop=loop)
 
 
 if __name__ == "__main__":
