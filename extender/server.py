@@ -76,6 +76,7 @@ class Handlers:
         self.bind_deadline = bind_deadline
         # filter answers only the node prioritize would score 10 (the scheduler then skips prioritize)
         self.first_choice_only = first_choice_only
+        self._metric_children: dict[tuple[str, str], tuple[Any, Any]] = {}
 
     def _not_ready(self) -> str | None:
         waiting = self.unsynced()
@@ -83,8 +84,11 @@ class Handlers:
 
     async def _parse(self, request: web.Request, model: type[M]) -> M:
         try:
-            async with asyncio.timeout(self.deadline / 2):
+            if request.content.is_eof():  # the whole body came with the headers (the usual case): no wait
                 raw = await request.read()
+            else:
+                async with asyncio.timeout(self.deadline / 2):
+                    raw = await request.read()
         except web.HTTPRequestEntityTooLarge as exc:
             raise BadRequest(f"request body too large: {exc.text}") from exc
         except TimeoutError as exc:
@@ -114,9 +118,18 @@ class Handlers:
             detail = describe_exception(exc)
             log.warning("request failed", extra={"verb": verb, "error": detail})
             response, outcome = failed(f"extender {verb} failed: {detail}"), "internal_error"
-        self.metrics.request_duration.labels(verb).observe(time.perf_counter() - started)
-        self.metrics.requests.labels(verb, outcome).inc()
+        duration, count = self._verb_metrics(verb, outcome)
+        duration.observe(time.perf_counter() - started)
+        count.inc()
         return response
+
+    def _verb_metrics(self, verb: str, outcome: str) -> tuple[Any, Any]:
+        # labels() locks and validates on every call; verbs x outcomes are a handful, looked up once each
+        found = self._metric_children.get((verb, outcome))
+        if found is None:
+            found = self._metric_children[(verb, outcome)] = (
+                self.metrics.request_duration.labels(verb), self.metrics.requests.labels(verb, outcome))
+        return found
 
     async def filter(self, request: web.Request) -> web.StreamResponse:
         async def handle() -> tuple[web.StreamResponse, str]:
