@@ -64,6 +64,7 @@ log = logging.getLogger(__name__)
 
 COMPONENT = "tensor-fusion-extender"
 POD_SELECTOR = f"{COMPONENT_LABEL}={COMPONENT_WORKER}"
+GC_YOUNG_THRESHOLD = 10_000  # allocations between young collections, once the caches have synced
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,11 @@ class ExtenderService:
         await asyncio.gather(*(cache.synced.wait() for cache in self.caches.values()))
         gc.collect()
         gc.freeze()
+        # Every watch event allocates a few hundred containers (a decoded object) that live in the caches
+        # or die by reference count; almost none are cyclic garbage. At the default threshold (700) the
+        # collector ran ~800 young and 8 full collections (58 ms each) per 2,000 pods, 10% of the
+        # extender's CPU in bench/e2e_throughput; a full collection now comes ~15 times less often.
+        gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
         log.info("caches synced", extra={"caches": sorted(self.caches)})
 
     async def _defrag_after_sync(self, defragmenter: Defragmenter) -> None:
