@@ -233,7 +233,7 @@ class WatchCache:
     def _emit(self, event_type: str, obj: dict[str, Any]) -> None:
         if not apply_event(self._store, event_type, obj):
             return
-        for listener in (self.on_change, *self._listeners) if self._listeners else (self.on_change,):
+        for listener in (self.on_change, *self._listeners):
             if listener is None:
                 continue
             try:
