@@ -38,6 +38,7 @@ from bench.common import (
 
 CONCURRENCY = (10, 100)
 QUIET = "tf-webhook --log-level warning"
+LOW = "bare aiohttp, low-level server"
 TARGET_RATIO = 0.6
 
 
@@ -90,7 +91,9 @@ def post(url: str, body: bytes, ca: Path, timeout: float = 5) -> dict[str, Any]:
         return dict(json.loads(r.read()))
 
 
-def wait_ready(url: str, ca: Path, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+def wait_ready(url: str, ca: Path, proc: subprocess.Popen[bytes], timeout: float = 60,
+               body: bytes | None = None) -> None:
+    """Until ``url`` answers 200 (to a GET, or to a POST of ``body``)."""
     ctx = ssl.create_default_context(cafile=str(ca))
     deadline = time.monotonic() + timeout
     last: Exception | None = None
@@ -98,7 +101,7 @@ def wait_ready(url: str, ca: Path, proc: subprocess.Popen[bytes], timeout: float
         if proc.poll() is not None:
             raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
         try:
-            with urllib.request.urlopen(url, timeout=2, context=ctx) as r:
+            with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=2, context=ctx) as r:
                 if r.status == 200:
                     return
         except Exception as exc:
@@ -133,10 +136,11 @@ class Servers:
         self.certs = generate_certs(workdir / "certs")
         self.ca = self.certs / "ca.crt"
         self.webhook_port, self.quiet_port, self.bare_port = free_port(), free_port(), free_port()
+        self.low_port = free_port()
         tool = console_script("tf-webhook")
         argv = [tool] if tool else [sys.executable, "-m", "webhook.cli"]
         self._logs = [open(workdir / name, "wb")  # noqa: SIM115 - closed in stop()
-                      for name in ("tf-webhook.log", "tf-webhook-quiet.log", "bare.log")]
+                      for name in ("tf-webhook.log", "tf-webhook-quiet.log", "bare.log", "bare-low.log")]
 
         def webhook(port: int, log_file: Any, *extra: str) -> subprocess.Popen[bytes]:
             return subprocess.Popen(
@@ -147,17 +151,22 @@ class Servers:
         self.webhook = webhook(self.webhook_port, self._logs[0])
         # the same server without its per-admission log line: what logging costs
         self.quiet = webhook(self.quiet_port, self._logs[1], "--log-level", "warning")
-        self.bare = subprocess.Popen(
-            [sys.executable, "-m", "bench.bare_admission", "--port", str(self.bare_port),
-             "--cert", str(self.certs / "tls.crt"), "--key", str(self.certs / "tls.key")],
-            stdout=self._logs[2], stderr=subprocess.STDOUT, start_new_session=True,
-            cwd=str(BENCH_DIR.parent))
+        def bare(port: int, log_file: Any, *extra: str) -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
+                [sys.executable, "-m", "bench.bare_admission", "--port", str(port),
+                 "--cert", str(self.certs / "tls.crt"), "--key", str(self.certs / "tls.key"), *extra],
+                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, cwd=str(BENCH_DIR.parent))
+
+        self.bare = bare(self.bare_port, self._logs[2])
+        # tf-webhook serves on aiohttp's low-level server; the same echo there shows what that alone saves
+        self.low = bare(self.low_port, self._logs[3], "--low-level")
 
     @property
     def urls(self) -> dict[str, str]:
         return {"tf-webhook": f"https://127.0.0.1:{self.webhook_port}/mutate",
                 QUIET: f"https://127.0.0.1:{self.quiet_port}/mutate",
-                "bare aiohttp": f"https://127.0.0.1:{self.bare_port}/mutate"}
+                "bare aiohttp": f"https://127.0.0.1:{self.bare_port}/mutate",
+                LOW: f"https://127.0.0.1:{self.low_port}/mutate"}
 
     def wait(self) -> None:
         body = review_body()
@@ -173,15 +182,17 @@ class Servers:
             if not (answer.get("allowed") and answer.get("patch")):
                 raise RuntimeError(f"{name} did not mutate the bench pod: {answer}")
             self.patch_ops = len(json.loads(base64.b64decode(answer["patch"])))
-        echo = post(self.urls["bare aiohttp"], body, self.ca)
-        if json.dumps(echo).encode() != body:
-            raise RuntimeError("bare handler did not echo the body")
+        for name in ("bare aiohttp", LOW):
+            wait_ready(self.urls[name], self.ca, self.bare if name == "bare aiohttp" else self.low, body=body)
+            if json.dumps(post(self.urls[name], body, self.ca)).encode() != body:
+                raise RuntimeError(f"{name} did not echo the body")
 
     def pids(self) -> dict[str, int]:
-        return {"tf-webhook": self.webhook.pid, QUIET: self.quiet.pid, "bare aiohttp": self.bare.pid}
+        return {"tf-webhook": self.webhook.pid, QUIET: self.quiet.pid, "bare aiohttp": self.bare.pid,
+                LOW: self.low.pid}
 
     def stop(self) -> None:
-        for proc in (self.webhook, self.quiet, self.bare):
+        for proc in (self.webhook, self.quiet, self.bare, self.low):
             if proc.poll() is None:
                 proc.terminate()
                 try:
@@ -339,6 +350,10 @@ def run(quick: bool = False, cluster: Any = None, profile: bool = False) -> Benc
                   ratio(bare["cpu_us"], quiet["cpu_us"]), "(what-if)", "")
         table.add(c, "bare aiohttp echo", bare["rps"], bare["p50_ms"], bare["p99_ms"], bare["errors"],
                   bare["cpu_us"], 1.0, 1.0, "", "")
+        low = summary[LOW][c]
+        table.add(c, "bare aiohttp echo, low-level server", low["rps"], low["p50_ms"], low["p99_ms"],
+                  low["errors"], low["cpu_us"], ratio(low["rps"], bare["rps"]),
+                  ratio(bare["cpu_us"], low["cpu_us"]), "(reference)", "")
     table.notes += [
         f"Body: one AdmissionReview CREATE of an opted-in pod ({len(body)} bytes); tf-webhook answers with "
         f"a {servers.patch_ops}-operation JSON Patch, the bare handler echoes the body unchanged.",
@@ -349,6 +364,9 @@ def run(quick: bool = False, cluster: Any = None, profile: bool = False) -> Benc
         "process's user+system CPU during the run / requests answered; ratio CPU = bare's / tf-webhook's, "
         "what the req/s ratio would be with each server alone on a saturated core (on a loaded machine "
         "it is the steadier of the two figures).",
+        "tf-webhook serves on aiohttp's low-level server (web.Server with its own path dispatch); the "
+        "baseline is the usual minimal aiohttp app (web.Application and its router). The reference row "
+        "runs the same echo on web.Server: the part of the gap that is aiohttp's Application layer.",
     ]
     steps = Table("Webhook: in-process cost of one admission (median µs, no TLS, no HTTP)",
                   ["step", "µs"])

@@ -23,8 +23,9 @@ from webhook.server import (
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SCHEDULER_NAME,
     WebhookService,
-    create_app,
-    create_monitoring_app,
+    admission_log,
+    create_monitoring_server,
+    create_server,
 )
 from webhook.view import ObjectsError, StaticClusterView, load_objects
 
@@ -143,11 +144,11 @@ async def serve(args: argparse.Namespace) -> int:
                              request_timeout=args.request_timeout, do_not_disrupt=lambda: switch.enabled,
                              mutation_cache=MutationCache(), generation=lambda: caches.generation)
     service.metrics.track_certificate(Path(args.cert_dir) / TLS_CERT)
-    runner = web.AppRunner(create_app(service), access_log=None)
+    runner = web.ServerRunner(create_server(service))
     await runner.setup()
     monitoring = None
     if args.metrics_port:
-        monitoring = web.AppRunner(create_monitoring_app(service), access_log=None)
+        monitoring = web.ServerRunner(create_monitoring_server(service))
         await monitoring.setup()
     caches.start()
     reloader = asyncio.create_task(watch_certificates(ssl_context, args.cert_dir, args.cert_reload_interval))
@@ -174,5 +175,6 @@ async def serve(args: argparse.Namespace) -> int:
         if monitoring is not None:
             await monitoring.cleanup()
         await runner.cleanup()
+        admission_log.flush()  # the lines still waiting for their write
         await caches.stop()
     return 0

@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -37,7 +37,7 @@ from extender.server import Handlers
 from extender.server import create_app as extender_app
 from extender.state import ClusterState, Kind
 from webhook.server import WebhookService
-from webhook.server import create_app as webhook_app
+from webhook.server import create_server as webhook_server
 from webhook.view import ClusterView, KubeObject
 
 # "In bounded time" is measured in CPU seconds of this process (servers and client), which other processes on
@@ -144,14 +144,21 @@ def _bomb(deflate: bool) -> bytes:
     return zlib.compress(inflated, 9) if deflate else gzip.compress(inflated, 9)
 
 
-def _serve(app: web.Application) -> tuple[int, asyncio.AbstractEventLoop, threading.Thread]:
+def _serve(make: Callable[[], web.Application | web.Server]) -> tuple[int, asyncio.AbstractEventLoop,
+                                                                    threading.Thread]:
+    """Serve what ``make`` builds (called on the serving thread's loop) on a free port of its own."""
     started = threading.Event()
     holder: dict[str, Any] = {}
 
     def run() -> None:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
-        runner = web.AppRunner(app, access_log=None)
+        async def build() -> web.BaseRunner:
+            served = make()
+            return (web.AppRunner(served, access_log=None) if isinstance(served, web.Application)
+                    else web.ServerRunner(served))
+
+        runner = loop.run_until_complete(build())
         loop.run_until_complete(runner.setup())
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -192,7 +199,7 @@ def servers() -> Iterator[dict[str, int]]:
         return view()
 
     service = WebhookService(static_view, lambda: True, request_timeout=3.0)
-    running = [_serve(extender_app(handlers)), _serve(webhook_app(service))]
+    running = [_serve(lambda: extender_app(handlers)), _serve(lambda: webhook_server(service))]
     yield {"extender": running[0][0], "webhook": running[1][0]}
     for _, loop, thread in running:
         loop.call_soon_threadsafe(loop.stop)

@@ -10,14 +10,14 @@ import logging
 from typing import Any
 
 import pytest
-from test_webhook_fixtures import pod, tf
+from test_webhook_fixtures import ServerUnderTest, pod, tf
 from test_webhook_server import ClientFactory, post, review, static_view
 
 from webhook import server
 from webhook.admission import allow, deny, encode_review
 from webhook.admission_log import FLUSH_AFTER, MAX_PENDING, AdmissionLog
 from webhook.memo import MutationCache
-from webhook.server import WebhookService, create_app
+from webhook.server import WebhookService, create_server
 
 REQUESTS = [
     ("a", pod(tf(tflops_request="1"))),
@@ -30,7 +30,7 @@ REQUESTS = [
 
 async def answers(aiohttp_client: ClientFactory, cache: MutationCache | None) -> list[tuple[int, Any]]:
     service = WebhookService(static_view, lambda: True, scheduler_name="gpu-sched", mutation_cache=cache)
-    client = await aiohttp_client(create_app(service))
+    client = await aiohttp_client(ServerUnderTest(lambda: create_server(service)))
     return [await post(client, review(p, uid=uid)) for uid, p in REQUESTS]
 
 

@@ -4,7 +4,11 @@ test_webhook_* modules, and a check that the offline view finds them."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
+
+from aiohttp import web
+from aiohttp.test_utils import BaseTestServer
 
 from webhook.view import StaticClusterView
 
@@ -70,6 +74,19 @@ def pod(annotations: dict[str, str] | None = None, *, labels: dict[str, str] | N
 
 def tf(**annotations: str) -> dict[str, str]:
     return {f"tensor-fusion.ai/{k.replace('_', '-')}": v for k, v in annotations.items()}
+
+
+class ServerUnderTest(BaseTestServer):
+    """A test server around a ``web.Server`` factory such as ``webhook.server.create_server``: the same
+    low-level server (request factory included) that ``tf-webhook serve`` runs. The factory is called on
+    the test's event loop."""
+
+    def __init__(self, make: Callable[[], web.Server], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._make = make
+
+    async def _make_runner(self, **kwargs: Any) -> web.ServerRunner:
+        return web.ServerRunner(self._make())
 
 
 def test_static_view_finds_every_fixture_object() -> None:

@@ -9,13 +9,13 @@ from typing import Any
 import jsonpatch
 import pytest
 from aiohttp.test_utils import TestClient
-from test_webhook_fixtures import pod, tf, view
+from test_webhook_fixtures import ServerUnderTest, pod, tf, view
 from test_webhook_server import post, review, static_view
 
 from webhook import cli
 from webhook.karpenter import DO_NOT_DISRUPT, DoNotDisruptSwitch, Mode, serves_nodeclaims
 from webhook.mutation import mutate
-from webhook.server import WebhookService, create_app
+from webhook.server import WebhookService, create_server
 
 
 def mutated(p: dict[str, Any], do_not_disrupt: bool) -> dict[str, Any]:
@@ -100,7 +100,7 @@ async def test_the_service_asks_the_switch_on_every_review(aiohttp_client: Any) 
     state = {"on": False}
     service = WebhookService(static_view, lambda: True, scheduler_name="s",
                              do_not_disrupt=lambda: state["on"])
-    client: TestClient[Any, Any] = await aiohttp_client(create_app(service))
+    client: TestClient[Any, Any] = await aiohttp_client(ServerUnderTest(lambda: create_server(service)))
     p = pod(tf(tflops_request="1"))
     found = []
     for on in (False, True):

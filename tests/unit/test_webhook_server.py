@@ -18,13 +18,24 @@ import aiohttp
 import jsonpatch
 import pytest
 from aiohttp.test_utils import TestClient
-from test_webhook_fixtures import NS, OBJECTS, POOL_A, PROFILE, REPLICASET, TEMPLATE, pod, tf, view
+from test_webhook_fixtures import (
+    NS,
+    OBJECTS,
+    POOL_A,
+    PROFILE,
+    REPLICASET,
+    TEMPLATE,
+    ServerUnderTest,
+    pod,
+    tf,
+    view,
+)
 
 from certs import authority, files
 from webhook import cli
 from webhook.caches import ServingCaches
 from webhook.owners import OwnerCache
-from webhook.server import WebhookService, create_app
+from webhook.server import WebhookService, create_server
 from webhook.view import ClusterView, KubeObject
 
 ClientFactory = Any
@@ -58,7 +69,8 @@ def ready() -> Ready:
 @pytest.fixture
 async def client(aiohttp_client: ClientFactory, ready: Ready) -> TestClient[Any, Any]:
     service = WebhookService(static_view, ready, scheduler_name="gpu-sched", request_timeout=2.0)
-    return await aiohttp_client(create_app(service, max_body_bytes=64 * 1024))  # type: ignore[no-any-return]
+    server = ServerUnderTest(lambda: create_server(service, max_body_bytes=64 * 1024))
+    return await aiohttp_client(server)  # type: ignore[no-any-return]
 
 
 async def post(client: TestClient[Any, Any], body: Any) -> tuple[int, Any]:
@@ -162,6 +174,22 @@ async def test_compressed_reviews_are_refused_before_reading(client: TestClient[
     assert f"Content-Encoding '{encoding}' is not accepted" in body["message"]
 
 
+@pytest.mark.parametrize(("method", "path", "status", "allow"), [
+    ("GET", "/mutate", 405, "POST"),
+    ("PUT", "/mutate", 405, "POST"),
+    ("POST", "/healthz", 405, "GET, HEAD"),
+    ("HEAD", "/healthz", 200, None),
+    ("GET", "/mutate/", 404, None),
+    ("POST", "/validate", 404, None),
+    ("GET", "/", 404, None),
+])
+async def test_paths_and_methods_outside_the_routes_get_404_or_405(
+        client: TestClient[Any, Any], method: str, path: str, status: int, allow: str | None) -> None:
+    response = await client.request(method, path, data=b"{}" if method in ("POST", "PUT") else None)
+    assert response.status == status
+    assert response.headers.get("Allow") == allow
+
+
 async def test_huge_body_is_refused(client: TestClient[Any, Any]) -> None:
     big = review(pod({"x": "y" * 100_000}))
     status, body = await post(client, big)
@@ -174,7 +202,8 @@ async def test_slow_lookups_time_out_with_a_denial(aiohttp_client: ClientFactory
         await asyncio.sleep(10)
         return view()
 
-    client = await aiohttp_client(create_app(WebhookService(slow, Ready(), request_timeout=0.1)))
+    service = WebhookService(slow, Ready(), request_timeout=0.1)
+    client = await aiohttp_client(ServerUnderTest(lambda: create_server(service)))
     status, body = await post(client, review(pod(tf(tflops_request="1"))))
     assert (status, body["response"]["allowed"], body["response"]["status"]["code"]) == (200, False, 504)
     assert "timed out after 0.1s" in body["response"]["status"]["message"]
@@ -184,7 +213,8 @@ async def test_internal_errors_become_denials(aiohttp_client: ClientFactory) -> 
     async def broken(_pod: KubeObject, _namespace: str) -> ClusterView:
         raise RuntimeError("boom")
 
-    client = await aiohttp_client(create_app(WebhookService(broken, Ready())))
+    service = WebhookService(broken, Ready())
+    client = await aiohttp_client(ServerUnderTest(lambda: create_server(service)))
     status, body = await post(client, review(pod(tf(tflops_request="1"))))
     assert (status, body["response"]["allowed"], body["response"]["status"]["code"]) == (200, False, 500)
 
@@ -237,7 +267,8 @@ async def test_serving_caches_view_reads_watch_caches_and_owners(aiohttp_client:
     synced = asyncio.Event()
     caches = ServingCaches(Source(POOL_A), Source(PROFILE), Source(TEMPLATE), OwnerCache(fetch),
                            synced=[synced])
-    client = await aiohttp_client(create_app(WebhookService(caches.view_for, caches.ready)))
+    service = WebhookService(caches.view_for, caches.ready)
+    client = await aiohttp_client(ServerUnderTest(lambda: create_server(service)))
     assert (await client.get("/readyz")).status == 503
     synced.set()
     assert (await client.get("/readyz")).status == 200
@@ -294,10 +325,10 @@ async def test_serve_answers_over_https(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 async def test_the_metrics_listener_serves_health_and_metrics_only(aiohttp_client: ClientFactory) -> None:
-    from webhook.server import create_monitoring_app
+    from webhook.server import create_monitoring_server
 
     service = WebhookService(static_view, Ready(), scheduler_name="gpu-sched")
-    monitoring = await aiohttp_client(create_monitoring_app(service))
+    monitoring = await aiohttp_client(ServerUnderTest(lambda: create_monitoring_server(service)))
     for path in ("/healthz", "/readyz", "/metrics"):
         assert (await monitoring.get(path)).status == 200, path
     assert (await monitoring.post("/mutate", data=b"{}")).status in (404, 405)
