@@ -5,19 +5,55 @@ Fields passed with ``extra={...}`` appear as top-level keys of the line.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
+import math
 import sys
+import time
 from typing import Any
+
+import orjson
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 
 
+class Timestamps:
+    """``datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")``, with the seconds formatted
+    once per second (rounded to microseconds first, as datetime does). One per writer, not thread-safe
+    beyond a stale cache (a wrong second is never returned: the text and its second are swapped together)."""
+
+    def __init__(self) -> None:
+        self._second: tuple[int, str] = (-1, "")
+
+    def __call__(self, now: float) -> str:
+        fraction, whole = math.modf(now)
+        micros = round(fraction * 1_000_000)
+        second = int(whole)
+        if micros >= 1_000_000:
+            second, micros = second + 1, micros - 1_000_000
+        cached = self._second
+        if cached[0] != second:
+            cached = self._second = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+        return f"{cached[1]}.{micros // 1000:03d}+00:00"
+
+
+def dump_line(line: dict[str, Any]) -> str:
+    """One JSON line: orjson's, or the standard library's for what orjson refuses (a lone surrogate in a
+    pod's text, a key that is not a string)."""
+    try:
+        return orjson.dumps(line, default=str).decode()
+    except (orjson.JSONEncodeError, TypeError):
+        return json.dumps(line, default=str)
+
+
 class JsonFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__()
+        self._timestamp = Timestamps()
+
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds"),
+            "ts": self._timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -27,7 +63,7 @@ class JsonFormatter(logging.Formatter):
                 line[key] = value
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
-        return json.dumps(line, default=str)
+        return dump_line(line)
 
 
 def setup_logging(level: str = "info") -> None:
@@ -35,6 +71,10 @@ def setup_logging(level: str = "info") -> None:
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r}; use debug, info, warning or error")
+    # Nothing here writes the caller's file and line, thread or process: skip collecting them per record
+    # (the logging HOWTO's "Optimization" settings).
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()

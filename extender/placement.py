@@ -96,6 +96,19 @@ class Demand:
 
     @classmethod
     def of(cls, request: GPURequest) -> Demand:
+        """The demand of ``request``, remembered per request object: the ledger and the fit checks ask for
+        the same requests (parsed once per pod) many times, and the arithmetic goes through ``Fraction``."""
+        known = _DEMANDS.get(id(request))
+        if known is not None and known[0] is request:
+            return known[1]
+        demand = cls._of(request)
+        if len(_DEMANDS) >= _DEMANDS_KEPT:
+            _DEMANDS.clear()
+        _DEMANDS[id(request)] = (request, demand)  # the request is kept alive, so its id is not reused
+        return demand
+
+    @classmethod
+    def _of(cls, request: GPURequest) -> Demand:
         percent = request.percent_request
         tflops = nano_tflops_ceil(request.tflops_request or Fraction(0))
         if percent is None:
@@ -110,6 +123,10 @@ class Demand:
         if self.percent_den:
             return -(-self.percent_num * cap_tflops // self.percent_den), self.vram
         return self.tflops, self.vram
+
+
+_DEMANDS_KEPT = 4096
+_DEMANDS: dict[int, tuple[GPURequest, Demand]] = {}
 
 
 def share_on(request: GPURequest, cap_tflops: int, cap_vram: int) -> tuple[int, int]:
@@ -173,14 +190,23 @@ def _fits_now(slot: Slot, need_t: int, need_v: int, whole: bool) -> bool:
 
 
 def fitting_slots(slots: Iterable[Slot], request: GPURequest, demand: Demand | None = None) -> list[Slot]:
-    """Slots that match the request and have room for it right now."""
+    """Slots that match the request and have room for it right now (``_mismatch`` and ``_fits_now``,
+    inlined: this runs for every GPU of every node judged)."""
     out = []
     demand = demand or Demand.of(request)
+    pool, whole, need = request.pool, demand.whole, demand.need
+    narrowed = request.gpu_model is not None or request.vendor is not None or bool(request.gpu_indices)
     for slot in slots:
-        if slot.device.pool != request.pool or _mismatch(slot.device, request):
+        device = slot.device
+        if device.pool != pool or not device.schedulable or (narrowed and _mismatch(device, request)):
             continue
-        need_t, need_v = demand.need(slot.device.capacity_tflops, slot.device.capacity_vram)
-        if _fits_now(slot, need_t, need_v, demand.whole):
+        if whole:
+            if slot.idle:
+                out.append(slot)
+            continue
+        need_t, need_v = need(device.capacity_tflops, device.capacity_vram)
+        if (slot.whole_holders == 0 and device.capacity_tflops - slot.used_tflops >= need_t
+                and device.capacity_vram - slot.used_vram >= need_v):
             out.append(slot)
     return out
 

@@ -12,14 +12,12 @@ logger's level decides, as for any log line (``--log-level``).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import math
 import sys
 import time
 from typing import Any, TextIO
 
-import orjson
+from extender.logs import Timestamps, dump_line
 
 FLUSH_AFTER = 0.05
 MAX_PENDING = 256
@@ -31,8 +29,7 @@ class AdmissionLog:
         self._stream = stream  # None: sys.stderr at the time of writing (as a StreamHandler's default)
         # (time, level, msg, fields) of the lines waiting: formatted together when written
         self._pending: list[tuple[float, int, str, dict[str, Any]]] = []
-        self._second = -1  # the second whose text is in _second_text
-        self._second_text = ""
+        self.timestamp = Timestamps()
 
     def write(self, level: int, msg: str, fields: dict[str, Any]) -> None:
         """One line of ``fields`` (which the caller no longer changes), if the logger's level lets it."""
@@ -48,25 +45,8 @@ class AdmissionLog:
                 self.flush()
 
     def _format(self, now: float, level: int, msg: str, fields: dict[str, Any]) -> str:
-        line = {"ts": self.timestamp(now), "level": logging.getLevelName(level).lower(),
-                "logger": self._logger.name, "msg": msg, **fields}
-        try:
-            return orjson.dumps(line, default=str).decode()
-        except orjson.JSONEncodeError:  # e.g. a lone surrogate in a pod's text: the standard encoder's way
-            return json.dumps(line, default=str)
-
-    def timestamp(self, now: float) -> str:
-        """``datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")``, the seconds formatted
-        once per second (rounded to microseconds first, as datetime does)."""
-        fraction, whole = math.modf(now)
-        micros = round(fraction * 1_000_000)
-        second = int(whole)
-        if micros >= 1_000_000:
-            second, micros = second + 1, micros - 1_000_000
-        if second != self._second:
-            self._second = second
-            self._second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        return f"{self._second_text}.{micros // 1000:03d}+00:00"
+        return dump_line({"ts": self.timestamp(now), "level": logging.getLevelName(level).lower(),
+                          "logger": self._logger.name, "msg": msg, **fields})
 
     def flush(self) -> None:
         if not self._pending:

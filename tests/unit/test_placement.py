@@ -6,6 +6,8 @@ from fractions import Fraction
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from extender.contract import GPURequest, Isolation
 from extender.inventory import NANO, GPUDevice
@@ -14,8 +16,11 @@ from extender.placement import (
     Fit,
     Mode,
     Slot,
+    _fits_now,
+    _mismatch,
     choose_gpus,
     evaluate,
+    fitting_slots,
     load,
     mean_load,
 )
@@ -216,3 +221,31 @@ def test_indices_select_exactly_the_listed_gpus() -> None:
     slots = [slot("a", index=0), slot("b", index=1), slot("c", index=2)]
     verdict = evaluate(slots, req(gpu_indices=(0, 2), count=2), 0, 256)
     assert sorted(s.name for s in verdict.fitting) == ["a", "c"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(slots=st.lists(st.builds(
+    lambda i, used_t, used_v, whole, pool, model, phase, index: slot(
+        f"g{i}", used_t, used_v, whole, pool=pool, model=model, phase=phase, index=index),
+    st.integers(0, 7), st.integers(0, 100), st.integers(0, 40), st.integers(0, 1),
+    st.sampled_from(["p", "q"]), st.sampled_from(["A100", "H100"]), st.sampled_from(["Running", "Pending"]),
+    st.integers(0, 3)),
+    max_size=8),
+    tflops=st.sampled_from([None, "0", "10", "99.5", "100", "150"]), vram=st.integers(0, 48),
+    whole=st.booleans(), model=st.sampled_from([None, "A100"]), indices=st.sampled_from([(), (1, 2)]),
+    percent=st.sampled_from([None, Fraction(25), Fraction(100, 3)]))
+def test_fitting_slots_agrees_with_the_per_gpu_checks(slots: list[Slot], tflops: str | None, vram: int,
+                                                     whole: bool, model: str | None,
+                                                     indices: tuple[int, ...],
+                                                     percent: Fraction | None) -> None:
+    request = req(None if percent is not None else tflops, vram, gpu_model=model, gpu_indices=indices,
+                  percent_request=percent, isolation=Isolation.SHARED if whole else Isolation.SOFT)
+    demand = Demand.of(request)
+
+    def fits(s: Slot) -> bool:
+        need = demand.need(s.device.capacity_tflops, s.device.capacity_vram)
+        return not _mismatch(s.device, request) and _fits_now(s, *need, demand.whole)
+
+    expected = [s for s in slots if s.device.pool == request.pool and fits(s)]
+    assert fitting_slots(slots, request) == expected
+    assert Demand.of(request) is demand  # remembered for this request object
