@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from extender.columns import GPUColumns
 from extender.contract import (
     ALLOCATED,
+    DOMAIN,
     GPU_IDS,
     POD_INDEX,
     ContractError,
@@ -244,6 +245,27 @@ def _parse_request(annotations: Mapping[str, Any], default_pool: str | None) -> 
         return _contract_error("metadata.annotations", f"metadata.annotations cannot be read: {exc}")
 
 
+# Written per pod after admission, never read by parse_request: not part of what identifies a request.
+_PER_POD_KEYS = frozenset((GPU_IDS, POD_INDEX, ALLOCATED))
+_DOMAIN_PREFIX = DOMAIN + "/"
+
+
+def _request_text(annotations: Mapping[str, Any], default_pool: str | None) -> tuple[object, ...] | None:
+    """What ``parse_request`` reads of these annotations (the tensor-fusion.ai ones, in their order), as a
+    cache key; None when a value is not a string or the text is too long to keep."""
+    key: list[object] = [default_pool]
+    size = 0
+    for name, value in annotations.items():
+        if type(name) is not str:
+            return None
+        if name.startswith(_DOMAIN_PREFIX) and name not in _PER_POD_KEYS:
+            if type(value) is not str:
+                return None
+            size += len(name) + len(value)
+            key += (name, value)
+    return tuple(key) if size <= _MAX_CACHED_KEY else None
+
+
 def _contract_error(key: str, message: str) -> ContractError:
     """A ContractError that was never raised (no traceback) with a message of bounded length."""
     error = ContractError(key[:_MAX_CACHED_KEY], "", "")
@@ -293,6 +315,7 @@ class ClusterState:
         self._loads: dict[str, dict[str | None, float]] = {}  # read through _load_table()
         self._stale_loads: set[str] = set()
         self._requests: dict[tuple[str, str, str | None], _Parsed | tuple[str, str]] = {}
+        self._requests_by_text: dict[tuple[object, ...], _Parsed | tuple[str, str]] = {}
         self._tables: OrderedDict[tuple[object, ...], _Table] = OrderedDict()
         self._columns = GPUColumns(self._slots, self._ledger.pods_on)
         # Holds: GPUs of a filter's first choice, kept for the pod's bind (see first_choice).
@@ -498,7 +521,7 @@ class ClusterState:
             cached = self._requests.get(key)
             if cached is not None:
                 return cached if isinstance(cached, _Parsed) else _contract_error(*cached)
-        result = _parse_request(_map(meta.get("annotations")), default_pool)
+        result = self._parse_annotations(_map(meta.get("annotations")), default_pool)
         if cacheable:
             if len(self._requests) >= _REQUEST_CACHE_SIZE:
                 self._requests.clear()
@@ -507,6 +530,26 @@ class ClusterState:
                     self._requests[key] = result
             else:
                 self._requests[key] = (result.key[:_MAX_CACHED_KEY], str(result))
+        return result
+
+    def _parse_annotations(self, annotations: Mapping[str, Any],
+                           default_pool: str | None) -> _Parsed | ContractError:
+        """Pods of one workload carry the same request annotations: each distinct set is parsed once (same
+        bounds as ``_parse``), and its pods share one ``GPURequest``."""
+        key = _request_text(annotations, default_pool)
+        if key is None:
+            return _parse_request(annotations, default_pool)
+        cached = self._requests_by_text.get(key)
+        if cached is not None:
+            return cached if isinstance(cached, _Parsed) else _contract_error(*cached)
+        result = _parse_request(annotations, default_pool)
+        if len(self._requests_by_text) >= _REQUEST_CACHE_SIZE:
+            self._requests_by_text.clear()
+        if isinstance(result, _Parsed):
+            if result.size <= _MAX_CACHED_KEY:
+                self._requests_by_text[key] = result
+        else:
+            self._requests_by_text[key] = (result.key[:_MAX_CACHED_KEY], str(result))
         return result
 
     def request_of(self, pod: Mapping[str, Any]) -> GPURequest:

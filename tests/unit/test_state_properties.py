@@ -317,3 +317,35 @@ def test_holds_of_first_choices_never_overcommit_and_lapse_to_nothing(
     now[0] += 11
     state.filter(pod(99, reqs[0], 1), nodes)  # lapses what is left
     assert all(t == 0 and v == 0 for t, v in state.gpu_usage().values())
+
+
+@PROPERTY_SETTINGS
+@given(st.lists(st.tuples(st.dictionaries(annotation_keys, annotation_values, max_size=6),
+                          st.sampled_from(["", "3", "7"]), st.sampled_from(["", "a,b"])),
+                min_size=1, max_size=8),
+       st.sampled_from([None, "p"]))
+def test_pods_sharing_request_annotations_parse_as_each_would_alone(
+    pods: list[tuple[dict[str, str], str, str]], default_pool: str | None
+) -> None:
+    """The state parses each distinct set of request annotations once; whatever was parsed before, every
+    pod gets the request (or the error) that parsing its own annotations gives."""
+    def state() -> ClusterState:
+        made = ClusterState()
+        marks = {contract.DEFAULT_POOL_ANNOTATION: "true"} if default_pool else {}
+        made.apply(Kind.POOL, "ADDED", {"metadata": {"name": "p", "annotations": marks}, "spec": {}})
+        return made
+
+    shared = state()
+    for i, (request_annotations, index, gpu_ids) in enumerate(pods):
+        per_pod = {contract.POD_INDEX: index, contract.GPU_IDS: gpu_ids, contract.ALLOCATED: str(i)}
+        candidate = {"metadata": {"name": f"x{i}", "namespace": "ns", "uid": f"u{i}",
+                                  "resourceVersion": "1", "annotations": {**request_annotations, **per_pod}}}
+        expected: Any
+        try:
+            expected = state().request_of(candidate)
+        except PlacementError as exc:
+            expected = str(exc)
+        try:
+            assert shared.request_of(candidate) == expected
+        except PlacementError as exc:
+            assert str(exc) == expected
