@@ -308,6 +308,7 @@ class ClusterState:
         self._counted_from: dict[str, tuple[Any, Any]] = {}
         self._pods_by_node: dict[str, set[str]] = {}
         self._reserved_pods: dict[str, _Pod] = {}
+        self._reserved_by_node: dict[str | None, set[str]] = {}  # node -> uids in _reserved_pods
         self._reservations: dict[str, tuple[Reservation, Allocation]] = {}
         self._tick = 0  # one step per node change; self._changes[i] changed at tick base + i + 1
         self._changes: list[str] = []
@@ -748,7 +749,7 @@ class ClusterState:
         allocation = Allocation(uid, key, node, gpu_ids, request, priority)
         reservation = Reservation(key, uid, node, gpu_ids, request)
         self._reservations[uid] = (reservation, allocation)
-        self._reserved_pods[uid] = _Pod(uid, key, node, "", pod_index(pod), priority)
+        self._add_reserved_pod(_Pod(uid, key, node, "", pod_index(pod), priority))
         self._touch(self._ledger.reserve(allocation))
         return reservation
 
@@ -769,13 +770,26 @@ class ClusterState:
         if held is None or held[0] != reservation:
             return
         del self._reservations[reservation.pod_uid]
-        self._reserved_pods.pop(reservation.pod_uid, None)
+        self._pop_reserved_pod(reservation.pod_uid)
         self._freed(self._ledger.release(held[1]))
 
     def _drop_reserved_pod(self, uid: str) -> None:
         self._reservations.pop(uid, None)
-        self._reserved_pods.pop(uid, None)
+        self._pop_reserved_pod(uid)
         self._holds.pop(uid, None)
+
+    def _add_reserved_pod(self, pod: _Pod) -> None:
+        self._pop_reserved_pod(pod.uid)  # a retry may reserve on another node
+        self._reserved_pods[pod.uid] = pod
+        self._reserved_by_node.setdefault(pod.node, set()).add(pod.uid)
+
+    def _pop_reserved_pod(self, uid: str) -> None:
+        pod = self._reserved_pods.pop(uid, None)
+        if pod is not None:
+            on_node = self._reserved_by_node[pod.node]
+            on_node.discard(uid)
+            if not on_node:
+                del self._reserved_by_node[pod.node]
 
     # --- holds ------------------------------------------------------------------------------------
 
@@ -818,9 +832,9 @@ class ClusterState:
             return pod.uid != pod_uid and pod.index == index and pod.phase not in _NOT_WAITING_PHASES
 
         on_node = self._pods_by_node.get(node, set())
-        holders = [pod.key for pod in map(self._pods.__getitem__, on_node) if waits_with_index(pod)]
-        holders += [pod.key for pod in self._reserved_pods.values()
-                    if pod.node == node and pod.uid not in on_node and waits_with_index(pod)]
+        reserved = self._reserved_by_node.get(node, set()) - on_node
+        pods = [*map(self._pods.__getitem__, on_node), *map(self._reserved_pods.__getitem__, reserved)]
+        holders = [pod.key for pod in pods if waits_with_index(pod)]
         return min(holders) if holders else None  # the first by name, whatever the order of the sets
 
     # --- preemption -------------------------------------------------------------------------------

@@ -412,6 +412,17 @@ def test_a_reservation_holds_its_index_until_released() -> None:
     assert state.pending_index_holder("n", 7, "uid-b") is None
 
 
+def test_a_retried_reservation_holds_its_index_on_its_new_node_only() -> None:
+    state = make(gpu("g", "n"), gpu("h", "m"))
+    pending = pod("a", annotations={"tensor-fusion.ai/index": "7"})
+    state.reserve(pending, "n")
+    moved = state.reserve(pending, "m")
+    assert (state.pending_index_holder("n", 7, "uid-b"), state.pending_index_holder("m", 7, "uid-b")) == (
+        None, "ml/a")
+    state.release(moved)
+    assert state.pending_index_holder("m", 7, "uid-b") is None
+
+
 def test_utilisation_per_node_and_pool() -> None:
     state = make(
         gpu("g0", "n"),
