@@ -266,6 +266,19 @@ def _request_text(annotations: Mapping[str, Any], default_pool: str | None) -> t
     return tuple(key) if size <= _MAX_CACHED_KEY else None
 
 
+def _remember(cache: dict[Any, _Parsed | tuple[str, str]], key: object,
+              result: _Parsed | ContractError) -> None:
+    """Keep a parse result: a request of sane size as it is, an error as its key and short message (no
+    traceback, no pod kept alive). The cache starts over when full."""
+    if len(cache) >= _REQUEST_CACHE_SIZE:
+        cache.clear()
+    if isinstance(result, _Parsed):
+        if result.size <= _MAX_CACHED_KEY:
+            cache[key] = result
+    else:
+        cache[key] = (result.key[:_MAX_CACHED_KEY], str(result))
+
+
 def _contract_error(key: str, message: str) -> ContractError:
     """A ContractError that was never raised (no traceback) with a message of bounded length."""
     error = ContractError(key[:_MAX_CACHED_KEY], "", "")
@@ -524,13 +537,7 @@ class ClusterState:
                 return cached if isinstance(cached, _Parsed) else _contract_error(*cached)
         result = self._parse_annotations(_map(meta.get("annotations")), default_pool)
         if cacheable:
-            if len(self._requests) >= _REQUEST_CACHE_SIZE:
-                self._requests.clear()
-            if isinstance(result, _Parsed):
-                if result.size <= _MAX_CACHED_KEY:
-                    self._requests[key] = result
-            else:
-                self._requests[key] = (result.key[:_MAX_CACHED_KEY], str(result))
+            _remember(self._requests, key, result)
         return result
 
     def _parse_annotations(self, annotations: Mapping[str, Any],
@@ -544,13 +551,7 @@ class ClusterState:
         if cached is not None:
             return cached if isinstance(cached, _Parsed) else _contract_error(*cached)
         result = _parse_request(annotations, default_pool)
-        if len(self._requests_by_text) >= _REQUEST_CACHE_SIZE:
-            self._requests_by_text.clear()
-        if isinstance(result, _Parsed):
-            if result.size <= _MAX_CACHED_KEY:
-                self._requests_by_text[key] = result
-        else:
-            self._requests_by_text[key] = (result.key[:_MAX_CACHED_KEY], str(result))
+        _remember(self._requests_by_text, key, result)
         return result
 
     def request_of(self, pod: Mapping[str, Any]) -> GPURequest:
