@@ -151,6 +151,7 @@ class Servers:
         self.webhook = webhook(self.webhook_port, self._logs[0])
         # the same server without its per-admission log line: what logging costs
         self.quiet = webhook(self.quiet_port, self._logs[1], "--log-level", "warning")
+
         def bare(port: int, log_file: Any, *extra: str) -> subprocess.Popen[bytes]:
             return subprocess.Popen(
                 [sys.executable, "-m", "bench.bare_admission", "--port", str(port),
@@ -183,16 +184,20 @@ class Servers:
                 raise RuntimeError(f"{name} did not mutate the bench pod: {answer}")
             self.patch_ops = len(json.loads(base64.b64decode(answer["patch"])))
         for name in ("bare aiohttp", LOW):
-            wait_ready(self.urls[name], self.ca, self.bare if name == "bare aiohttp" else self.low, body=body)
+            wait_ready(self.urls[name], self.ca, self.procs[name], body=body)
             if json.dumps(post(self.urls[name], body, self.ca)).encode() != body:
                 raise RuntimeError(f"{name} did not echo the body")
 
+    @property
+    def procs(self) -> dict[str, subprocess.Popen[bytes]]:
+        """Each server's process, by the name its rows carry (the keys of ``urls``)."""
+        return {"tf-webhook": self.webhook, QUIET: self.quiet, "bare aiohttp": self.bare, LOW: self.low}
+
     def pids(self) -> dict[str, int]:
-        return {"tf-webhook": self.webhook.pid, QUIET: self.quiet.pid, "bare aiohttp": self.bare.pid,
-                LOW: self.low.pid}
+        return {name: proc.pid for name, proc in self.procs.items()}
 
     def stop(self) -> None:
-        for proc in (self.webhook, self.quiet, self.bare, self.low):
+        for proc in self.procs.values():
             if proc.poll() is None:
                 proc.terminate()
                 try:
