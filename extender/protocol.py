@@ -7,6 +7,7 @@ plain API JSON dicts. Optional Go pointers and maps may arrive as ``null``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -26,11 +27,20 @@ class _Wire(BaseModel):
     def _case_insensitive_keys(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        wanted = {(f.alias or name).lower(): f.alias or name for name, f in cls.model_fields.items()}
+        wanted, spelled = _wire_keys(cls)
+        if data.keys() <= spelled:
+            return data  # Go's own spelling, as kube-scheduler sends it
         return {wanted.get(k.lower(), k) if isinstance(k, str) else k: v for k, v in data.items()}
 
     def wire(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, mode="json")
+
+
+@functools.cache
+def _wire_keys(model: type[BaseModel]) -> tuple[dict[str, str], frozenset[str]]:
+    """A message's wire keys by their lower-case spelling, and the set of them."""
+    keys = {(f.alias or name).lower(): f.alias or name for name, f in model.model_fields.items()}
+    return keys, frozenset(keys.values())
 
 
 class NodeList(_Wire):
@@ -143,3 +153,18 @@ def filter_result(args: ExtenderArgs, fits: list[str], failed: dict[str, str],
 
 def filter_error(message: str) -> ExtenderFilterResult:
     return ExtenderFilterResult(error=message)
+
+
+def filter_answer(args: ExtenderArgs, fits: list[str], failed: dict[str, str],
+                  unresolvable: dict[str, str], error: str = "") -> dict[str, Any]:
+    """``filter_result(...).wire()``, built directly in names mode (the shipped, node-cache-capable one):
+    the model and its dump cost as much as the rest of a filter's answer."""
+    if args.full_nodes:
+        return filter_result(args, fits, failed, unresolvable, error).wire()
+    return {"Nodes": None, "NodeNames": list(fits), "FailedNodes": dict(failed),
+            "FailedAndUnresolvableNodes": dict(unresolvable), "Error": error}
+
+
+def binding_answer(error: str) -> dict[str, Any]:
+    """``ExtenderBindingResult(error=error).wire()``, built directly."""
+    return {"Error": error}

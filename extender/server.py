@@ -24,13 +24,13 @@ from extender.metrics import CONTENT_TYPE, Metrics
 from extender.protocol import (
     ExtenderArgs,
     ExtenderBindingArgs,
-    ExtenderBindingResult,
     ExtenderPreemptionArgs,
     ExtenderPreemptionResult,
     MetaPod,
     MetaVictims,
+    binding_answer,
+    filter_answer,
     filter_error,
-    filter_result,
     host_priority_list,
 )
 from extender.state import ClusterState, FilterOutcome, PdbCheck
@@ -38,6 +38,7 @@ from extender.state import ClusterState, FilterOutcome, PdbCheck
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
+
 FilterObserver = Callable[[dict[str, Any], FilterOutcome], None]
 
 DEFAULT_PREFIX = "/scheduler"
@@ -152,9 +153,9 @@ class Handlers:
                 outcome = self.state.first_choice(args.pod, outcome)
             if not outcome.fits and self.gate is not None and (reason := self.gate(args.pod)):
                 return _json(filter_error(reason).wire()), "waiting"
-            result = filter_result(args, outcome.fits, outcome.failed, outcome.unresolvable,
+            answer = filter_answer(args, outcome.fits, outcome.failed, outcome.unresolvable,
                                    outcome.error or "")
-            return _json(result.wire()), "error" if outcome.error else "ok"
+            return _json(answer), "error" if outcome.error else "ok"
 
         return await self._timed("filter", handle, lambda m: _json(filter_error(m).wire()))
 
@@ -177,9 +178,9 @@ class Handlers:
             try:
                 args = await self._parse(request, ExtenderBindingArgs)
             except BadRequest as exc:
-                return _json(ExtenderBindingResult(error=str(exc)).wire()), "bad_request"
+                return _json(binding_answer(str(exc))), "bad_request"
             if (problem := self._not_ready()) is not None:
-                return _json(ExtenderBindingResult(error=problem).wire()), "not_ready"
+                return _json(binding_answer(problem)), "not_ready"
             task = self.binder.start_bind(args)
             try:
                 # shield: on timeout the bind goes on (and cleans up after itself) in the background
@@ -187,10 +188,10 @@ class Handlers:
             except TimeoutError:
                 error = (f"bind of {args.pod_namespace}/{args.pod_name} still in progress "
                          f"after {self.bind_deadline}s (a retry joins it)")
-                return _json(ExtenderBindingResult(error=error).wire()), "timeout"
-            return _json(ExtenderBindingResult(error=error).wire()), "error" if error else "ok"
+                return _json(binding_answer(error)), "timeout"
+            return _json(binding_answer(error)), "error" if error else "ok"
 
-        return await self._timed("bind", handle, lambda m: _json(ExtenderBindingResult(error=m).wire()))
+        return await self._timed("bind", handle, lambda m: _json(binding_answer(m)))
 
     async def preempt(self, request: web.Request) -> web.StreamResponse:
         async def handle() -> tuple[web.StreamResponse, str]:

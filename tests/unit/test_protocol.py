@@ -84,3 +84,19 @@ def test_host_priority_list_is_the_wire_form_of_host_priority() -> None:
     scores = [("n1", 10), ("n2", 0)]
     assert p.host_priority_list(scores) == [p.HostPriority(host=h, score=s).wire() for h, s in scores]
     assert p.host_priority_list(scores) == [{"Host": "n1", "Score": 10}, {"Host": "n2", "Score": 0}]
+
+
+
+@given(st.lists(st.text(min_size=1, max_size=8), unique=True, max_size=8), st.data())
+def test_filter_answer_is_the_wire_form_of_the_filter_result(names: list[str], data: st.DataObject) -> None:
+    fits = data.draw(st.lists(st.sampled_from(names), unique=True) if names else st.just([]))
+    rest = [n for n in names if n not in fits]
+    failed = {n: "busy" for n in rest[::2]}
+    unresolvable = {n: "no GPUs" for n in rest[1::2]}
+    error = data.draw(st.sampled_from(["", "pool is gone"]))
+    items = [{"metadata": {"name": n}} for n in names]
+    for body in ({"Pod": POD, "NodeNames": names}, {"Pod": POD, "Nodes": {"items": items}}):
+        args = p.ExtenderArgs.model_validate(body)
+        assert (p.filter_answer(args, fits, failed, unresolvable, error)
+                == p.filter_result(args, fits, failed, unresolvable, error).wire())
+    assert p.binding_answer("x") == p.ExtenderBindingResult(error="x").wire()
