@@ -27,7 +27,7 @@ _LIMIT = 2**62  # products beyond this fall back to the exact per-node check
 
 
 class GPUColumns:
-    def __init__(self, slots_of: Callable[[str], list[Slot]], pods_on: Callable[[str], int]) -> None:
+    def __init__(self, slots_of: Callable[[str], Sequence[Slot]], pods_on: Callable[[str], int]) -> None:
         self._slots_of = slots_of
         self._pods_on = pods_on
         self._node_ids: dict[str, int] = {}

@@ -328,6 +328,7 @@ class ClusterState:
         self._changes_base = 0
         self._loads: dict[str, dict[str | None, float]] = {}  # read through _load_table()
         self._stale_loads: set[str] = set()
+        self._slot_cache: dict[str, tuple[Slot, ...]] = {}  # read through _slots()
         self._requests: dict[tuple[str, str, str | None], _Parsed | tuple[str, str]] = {}
         self._requests_by_text: dict[tuple[object, ...], _Parsed | tuple[str, str]] = {}
         self._tables: OrderedDict[tuple[object, ...], _Table] = OrderedDict()
@@ -490,6 +491,7 @@ class ClusterState:
             self._tick += 1
             self._changes.append(node)
             mark(node)
+            self._slot_cache.pop(node, None)
             self._stale_loads.add(node)  # a pod's filter, hold, bind and watch touch its node several times
         if len(self._changes) > _CHANGE_LOG_SIZE:
             self._changes_base += len(self._changes)
@@ -511,13 +513,19 @@ class ClusterState:
         if nodes:
             self._on_room(nodes)
 
-    def _slots(self, node: str) -> list[Slot]:
-        usage = self._ledger.usage
-        out = []
-        for device in self._devices.get(node, ()):
-            used = usage(device.name)
-            out.append(Slot(device, used.tflops, used.vram, used.whole))
-        return out
+    def _slots(self, node: str) -> tuple[Slot, ...]:
+        """The node's GPUs with their usage, kept until ``_touch`` marks the node changed: a pod's filter,
+        hold, bind and watch read its node several times, and every request shape's table judges it."""
+        slots = self._slot_cache.get(node)
+        if slots is None:
+            devices = self._devices.get(node)
+            if not devices:
+                return ()  # not kept: the names asked about are not bounded, the nodes with GPUs are
+            usage = self._ledger.usage
+            slots = self._slot_cache[node] = tuple(
+                Slot(device, (used := usage(device.name)).tflops, used.vram, used.whole)
+                for device in devices)
+        return slots
 
     # --- requests ---------------------------------------------------------------------------------
 
