@@ -1,11 +1,11 @@
 """A non-blocking API client for the extender's writes: raw JSON requests on the event loop.
 
-One ``aiohttp`` session with one keep-alive connection pool, created on first use inside the running
-loop. Address, credentials and TLS come from the same ``kubernetes.client.Configuration`` the watches
-use (a kubeconfig or the in-cluster service account), so both agree on where and who they are. The
-bearer token is read through the configuration on every request, so a refreshed in-cluster token is
-picked up. Errors are raised as the client library's ``ApiException`` so ``error_status`` and
-``error_message`` read them alike.
+Requests go through one keep-alive connection pool (``extender.kube.http``), watches through an
+``aiohttp`` session, both created on first use inside the running loop. Address, credentials and TLS
+come from the same ``kubernetes.client.Configuration`` the list calls use (a kubeconfig or the
+in-cluster service account), so all agree on where and who they are. The bearer token is read through
+the configuration on every request, so a refreshed in-cluster token is picked up. Errors are raised as
+the client library's ``ApiException`` so ``error_status`` and ``error_message`` read them alike.
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ import json
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
+from urllib.parse import urlencode, urlsplit
 
 import aiohttp
 import orjson
 from kubernetes import client
 
 from extender.kube.client import ApiException
+from extender.kube.http import ConnectError, ConnectionLost, ConnectionPool
 
 # HTTP/1.1 carries one request per connection at a time, so this bounds the writes in flight at the API
 # server; more wait their turn for a connection (a queue, not a failure). Measured in the benchmark's
@@ -59,7 +61,13 @@ class AsyncKube:
         self.host = str(configuration.host).rstrip("/")
         self.pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
+        self._pool: ConnectionPool | None = None
         self._ssl = ssl_context(configuration)
+        address = urlsplit(self.host)
+        self._authority = address.netloc
+        self._prefix = address.path.rstrip("/")  # a server behind a path (host "https://proxy/k8s")
+        self._address = (address.hostname or "localhost",
+                         address.port or (443 if address.scheme == "https" else 80))
 
     @classmethod
     def from_api_client(cls, api_client: client.ApiClient, **kwargs: Any) -> AsyncKube:
@@ -83,6 +91,26 @@ class AsyncKube:
             self._session = aiohttp.ClientSession(connector=connector, json_serialize=json.dumps)
         return self._session
 
+    def _pool_now(self) -> ConnectionPool:
+        if self._pool is None:
+            self._pool = ConnectionPool(
+                *self._address, ssl_context=self._ssl if isinstance(self._ssl, ssl.SSLContext) else None,
+                server_hostname=getattr(self.configuration, "tls_server_name", None) or None,
+                limit=self.pool_size)
+        return self._pool
+
+    def _message(self, method: str, path: str, query: Mapping[str, str] | None, body: bytes | None,
+                 content_type: str) -> bytes:
+        target = f"{self._prefix}{path}?{urlencode(query)}" if query else f"{self._prefix}{path}"
+        if not target.startswith("/") or any(c in target for c in " \r\n"):
+            raise ValueError(f"not a request path: {target[:200]!r}")
+        head = f"{method} {target} HTTP/1.1\r\nHost: {self._authority}\r\n" + "".join(
+            f"{name}: {value}\r\n" for name, value in self._headers(content_type if body is not None else None
+                                                                     ).items())
+        if body is None:
+            return f"{head}\r\n".encode("latin-1")
+        return f"{head}Content-Length: {len(body)}\r\n\r\n".encode("latin-1") + body
+
     async def request(self, method: str, path: str, *, body: Any = None,
                       content_type: str = "application/json", timeout: float = 30.0,
                       query: Mapping[str, str] | None = None) -> Any:
@@ -90,30 +118,21 @@ class AsyncKube:
 
         Raises ``ApiException`` for an answer other than 2xx, ``UnknownOutcome`` when the request was
         sent but no answer came (a write may then have happened), and ``NotSent`` when it could not be
-        sent at all.
+        sent at all. Waiting for a free pooled connection is not limited (a queue, not a failure);
+        opening one is, and so is the wait for the answer (``timeout`` each).
         """
-        data = None if body is None else orjson.dumps(body)
-        session = self._session_now()
-        server_hostname = getattr(self.configuration, "tls_server_name", None) or None
-        # Waiting for a free pooled connection is not limited (a queue, not a failure); opening one is
-        # (sock_connect), and so is the wait for the answer (sock_read).
-        limits = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+        message = self._message(method, path, query, None if body is None else orjson.dumps(body),
+                                content_type)
         try:
-            async with session.request(
-                method, self.host + path, data=data, params=query,
-                headers=self._headers(content_type if data is not None else None),
-                timeout=limits, server_hostname=server_hostname,
-            ) as response:
-                raw = await response.read()
-                status, reason = response.status, response.reason
-        except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as exc:
-            raise NotSent(f"{method} {path}: not sent ({type(exc).__name__}: {exc})") from exc
-        except (TimeoutError, aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError,
-                aiohttp.ClientOSError) as exc:
+            answer = await self._pool_now().request(message, timeout=timeout, connect_timeout=timeout)
+        except ConnectError as exc:
+            raise NotSent(f"{method} {path}: not sent ({exc})") from exc
+        except (TimeoutError, ConnectionLost) as exc:
             raise UnknownOutcome(f"{method} {path}: no answer ({type(exc).__name__}: {exc})") from exc
-        if not 200 <= status <= 299:
-            raise ApiException(status=status, reason=reason, body=raw.decode(errors="replace"))
-        return orjson.loads(raw) if raw else None
+        if not 200 <= answer.status <= 299:
+            raise ApiException(status=answer.status, reason=answer.reason,
+                               body=answer.body.decode(errors="replace"))
+        return orjson.loads(answer.body) if answer.body else None
 
     async def stream(self, path: str, *, query: Mapping[str, str], read_timeout: float,
                      connect_timeout: float = 5.0) -> AsyncIterator[bytes]:
@@ -135,6 +154,9 @@ class AsyncKube:
                 yield chunk
 
     async def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -155,3 +155,22 @@ async def test_events_go_out_through_the_async_client() -> None:
         await kube.close()
         await server.close()
     assert posted == [("/api/v1/namespaces/ml/events", "GPUDeviceAllocated")]
+
+
+async def test_a_server_behind_a_path_and_a_query_are_kept_in_the_request() -> None:
+    seen: list[tuple[str, str, dict[str, str]]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append((request.method, request.path, dict(request.query)))
+        return web.json_response({"ok": True})
+
+    server = await serve(handler)
+    kube = AsyncKube(configuration(str(server.make_url("/k8s/clusters/c1/"))))
+    try:
+        await kube.request("GET", "/api/v1/namespaces/ml/pods", query={"labelSelector": "a=b,c in (d)"})
+        await kube.request("DELETE", "/api/v1/namespaces/ml/pods/a", body={"kind": "DeleteOptions"})
+    finally:
+        await kube.close()
+        await server.close()
+    assert seen == [("GET", "/k8s/clusters/c1/api/v1/namespaces/ml/pods", {"labelSelector": "a=b,c in (d)"}),
+                    ("DELETE", "/k8s/clusters/c1/api/v1/namespaces/ml/pods/a", {})]
