@@ -262,9 +262,9 @@ def breakdown(repeat: int) -> dict[str, float]:
     import orjson
 
     from bench.common import time_calls
+    from extender.batched_log import BatchedLog
     from extender.logs import JsonFormatter
     from webhook.admission import admit, allow, encode_review, parse_review
-    from webhook.admission_log import AdmissionLog
     from webhook.memo import MutationCache
     from webhook.view import StaticClusterView
 
@@ -289,7 +289,7 @@ def breakdown(repeat: int) -> dict[str, float]:
     formatter = JsonFormatter()
     logger = logging.getLogger("bench.webhook.admission")
     logger.setLevel(logging.INFO)
-    line = AdmissionLog(logger, io.StringIO())
+    line = BatchedLog(logger, io.StringIO())
     return {
         "json.loads(review)": us(lambda: json.loads(body)),
         "orjson.loads(review)": us(lambda: orjson.loads(body)),
@@ -299,7 +299,7 @@ def breakdown(repeat: int) -> dict[str, float]:
         "json.dumps(response)": us(lambda: json.dumps(decision.response)),
         "encode_review(response) (shipped: orjson)": us(lambda: encode_review(decision.response)),
         "log line through logging (JsonFormatter.format only)": us(lambda: formatter.format(record)),
-        "admission line, shipped (AdmissionLog.write, written at once)": us(
+        "admission line, shipped (BatchedLog.write, written at once)": us(
             lambda: line.write(logging.INFO, "admission", dict(fields))),
         "allow() without patch": us(lambda: allow("u")),
     }

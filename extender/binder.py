@@ -27,6 +27,7 @@ from enum import Enum
 from fractions import Fraction
 from typing import Any, Protocol
 
+from extender.batched_log import BatchedLog
 from extender.confirm import hold_until_confirmed
 from extender.contract import (
     ALLOCATED,
@@ -47,6 +48,7 @@ from extender.protocol import ExtenderBindingArgs
 from extender.state import pod_index
 
 log = logging.getLogger(__name__)
+bind_log = BatchedLog(log)  # one line per bind, written in batches: flush() at shutdown
 
 
 class ReservationLike(Protocol):
@@ -222,8 +224,8 @@ class Binder:
             return ""  # EARLIER: the pod holds the GPUs of an earlier bind, now counted by confirm()
         self.events.record(pod, "GPUDeviceAllocated", describe_allocation(reservation.gpu_ids, node,
                                                                            reservation.request))
-        log.info("bound", extra={"pod": f"{ns}/{name}", "node": node, "gpus": annotations[GPU_IDS],
-                                 "index": index})
+        bind_log.write(logging.INFO, "bound", {"pod": f"{ns}/{name}", "node": node,
+                                               "gpus": annotations[GPU_IDS], "index": index})
         self._spawn(self._settle(reservation, ns, name))
         if index is not None and not index_now:
             self._spawn(self._set_index_later(ns, name, uid, node, index))

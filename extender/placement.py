@@ -45,6 +45,13 @@ class Slot:
     used_tflops: int = 0  # nano-TFLOPS
     used_vram: int = 0
     whole_holders: int = 0  # shared pods holding the GPU whole
+    # ``load`` of this use, worked out once: the modes sort and average by it many times per pod
+    used: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        device = self.device
+        object.__setattr__(self, "used", load(device.capacity_tflops, device.capacity_vram, self.used_tflops,
+                                              self.used_vram))
 
     @property
     def name(self) -> str:
@@ -62,9 +69,6 @@ class Slot:
     def idle(self) -> bool:
         return self.used_tflops == 0 and self.used_vram == 0 and self.whole_holders == 0
 
-    @property
-    def used(self) -> float:
-        return load(self.device.capacity_tflops, self.device.capacity_vram, self.used_tflops, self.used_vram)
 
 
 @dataclass(frozen=True)

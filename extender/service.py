@@ -25,7 +25,7 @@ from typing import Any
 from aiohttp import web
 from kubernetes import client
 
-from extender.binder import Binder
+from extender.binder import Binder, bind_log
 from extender.contract import COMPONENT_LABEL, COMPONENT_WORKER
 from extender.defrag.kubeport import kube_defragmenter
 from extender.defrag.runner import Defragmenter
@@ -293,6 +293,7 @@ class ExtenderService:
                 await monitoring.cleanup()
             await runner.cleanup()  # stops listening, then waits for requests in flight
             await self.binder.drain(self.settings.shutdown_timeout)
+            bind_log.flush()  # the bind lines still waiting for their write
             for task in tasks:
                 task.cancel()
             for task in tasks:

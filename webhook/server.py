@@ -15,9 +15,9 @@ from typing import Any
 
 from aiohttp import web
 
+from extender.batched_log import BatchedLog
 from extender.logs import describe_exception, one_line_server_errors
 from webhook.admission import Decision, Outcome, ReviewError, admit, deny, encode_review, parse_review
-from webhook.admission_log import AdmissionLog
 from webhook.deadline import DEFAULT_TICK, Deadlines
 from webhook.index import IndexAllocator
 from webhook.memo import MutationCache
@@ -25,7 +25,7 @@ from webhook.metrics import CONTENT_TYPE, WebhookMetrics
 from webhook.view import ClusterView, KubeObject
 
 log = logging.getLogger("webhook.server")
-admission_log = AdmissionLog(log)
+admission_log = BatchedLog(log)
 
 MAX_BODY_BYTES = 3 * 1024 * 1024
 # Below the API server's webhook timeoutSeconds (10 in the shipped configuration), so we answer first.

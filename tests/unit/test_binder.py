@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import json
+import logging
 from typing import Any
 
 import pytest
 from extender_fakes import POOL, Events, FakeApi, Pods, gpu, pod
 from kubernetes.client import ApiException
 
+from extender import binder as binder_module
+from extender.batched_log import BatchedLog
 from extender.binder import Binder, bind_annotations, describe_allocation
 from extender.contract import ALLOCATED, GPU_IDS, POD_INDEX, GPURequest
 from extender.kube.aio import NotSent, UnknownOutcome
@@ -45,6 +50,22 @@ async def test_success_is_one_binding_carrying_the_gpus_and_keeps_the_capacity()
                                 "allocated GPU g1 on node n1: 60 TFLOPS and 4Gi per GPU", "Normal")]
     # the capacity stays taken until the watched pod shows it: a second 60-TFLOPS pod no longer fits
     assert state.filter(pod("b", "u2"), ["n1"]).fits == []
+    await binder.drain()
+
+
+async def test_each_bind_writes_one_line_with_the_pod_node_and_gpus(monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=binder_module.log.name)
+    stream = io.StringIO()
+    monkeypatch.setattr(binder_module, "bind_log", BatchedLog(binder_module.log, stream))
+    _, _, _, binder = setup(pod("a", "u1", index=3), pod("b", "u2"))
+    assert await binder.bind(args("a", "u1")) == ""
+    assert await binder.bind(args("b", "u2", node="n2")) == ""
+    binder_module.bind_log.flush()
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(line["level"], line["msg"], line["pod"], line["node"], line["gpus"], line["index"])
+            for line in lines] == [("info", "bound", "ml/a", "n1", "g1", 3),
+                                   ("info", "bound", "ml/b", "n2", "g2", None)]
     await binder.drain()
 
 

@@ -13,9 +13,9 @@ import pytest
 from test_webhook_fixtures import ServerUnderTest, pod, tf
 from test_webhook_server import ClientFactory, post, review, static_view
 
+from extender.batched_log import FLUSH_AFTER, MAX_PENDING, BatchedLog
 from webhook import server
 from webhook.admission import allow, deny, encode_review
-from webhook.admission_log import FLUSH_AFTER, MAX_PENDING, AdmissionLog
 from webhook.memo import MutationCache
 from webhook.server import WebhookService, create_server
 
@@ -51,7 +51,7 @@ async def test_one_json_line_per_mutation_and_denial(aiohttp_client: ClientFacto
                                                      monkeypatch: pytest.MonkeyPatch,
                                                      caplog: pytest.LogCaptureFixture) -> None:
     stream = io.StringIO()
-    monkeypatch.setattr(server, "admission_log", AdmissionLog(server.log, stream))
+    monkeypatch.setattr(server, "admission_log", BatchedLog(server.log, stream))
     caplog.set_level(level, logger=server.log.name)
     await answers(aiohttp_client, MutationCache())
     server.admission_log.flush()
@@ -69,7 +69,7 @@ def test_lines_written_outside_an_event_loop_go_out_at_once() -> None:
     stream = io.StringIO()
     logger = logging.getLogger("test.admission")
     logger.setLevel(logging.INFO)
-    AdmissionLog(logger, stream).write(logging.INFO, "admission", {"uid": "x"})
+    BatchedLog(logger, stream).write(logging.INFO, "admission", {"uid": "x"})
     assert json.loads(stream.getvalue())["uid"] == "x"
 
 
@@ -97,7 +97,7 @@ async def test_lines_wait_briefly_and_go_out_in_one_write() -> None:
     stream = CountingStream()
     logger = logging.getLogger("test.admission.batch")
     logger.setLevel(logging.INFO)
-    admission = AdmissionLog(logger, stream)
+    admission = BatchedLog(logger, stream)
     for uid in ("a", "b", "c"):
         admission.write(logging.INFO, "admission", {"uid": uid})
     assert stream.getvalue() == ""
@@ -113,7 +113,7 @@ async def test_a_full_batch_is_written_at_once() -> None:
     stream = CountingStream()
     logger = logging.getLogger("test.admission.full")
     logger.setLevel(logging.INFO)
-    admission = AdmissionLog(logger, stream)
+    admission = BatchedLog(logger, stream)
     for n in range(MAX_PENDING):
         admission.write(logging.INFO, "admission", {"n": n})
     assert len(stream.getvalue().splitlines()) == MAX_PENDING and stream.writes == 1
@@ -125,9 +125,9 @@ async def test_a_line_carries_the_time_of_its_admission_not_of_its_write(
     stream = io.StringIO()
     logger = logging.getLogger("test.admission.time")
     logger.setLevel(logging.INFO)
-    admission = AdmissionLog(logger, stream)
+    admission = BatchedLog(logger, stream)
     now = [1_700_000_000.25]
-    monkeypatch.setattr("webhook.admission_log.time.time", lambda: now[0])
+    monkeypatch.setattr("extender.batched_log.time.time", lambda: now[0])
     admission.write(logging.INFO, "admission", {"uid": "a"})  # waits for its batch
     now[0] += 9.5
     admission.flush()

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from extender.batched_log import BatchedLog
 from webhook.admission import (
     AdmissionReview,
     Request,
@@ -26,7 +27,6 @@ from webhook.admission import (
     loads,
     parse_review,
 )
-from webhook.admission_log import AdmissionLog
 
 json_scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**80), max_value=2**80),
                          st.integers(min_value=-(2**64), max_value=2**64),
@@ -113,7 +113,7 @@ def test_answers_are_the_same_json_whichever_encoder_writes_them(review: dict[st
 
 @given(st.floats(min_value=0, max_value=4e9))
 def test_the_admission_line_timestamp_is_datetimes(now: float) -> None:
-    line = AdmissionLog(logging.getLogger("test.admission.ts"))
+    line = BatchedLog(logging.getLogger("test.admission.ts"))
     expected = dt.datetime.fromtimestamp(now, dt.UTC).isoformat(timespec="milliseconds")
     assert line.timestamp(now) == expected
     assert line.timestamp(math.floor(now) + 0.9999996) == dt.datetime.fromtimestamp(
@@ -124,6 +124,6 @@ def test_a_line_orjson_refuses_is_written_by_json() -> None:
     stream = io.StringIO()
     logger = logging.getLogger("test.admission.surrogate")
     logger.setLevel(logging.INFO)
-    AdmissionLog(logger, stream).write(logging.INFO, "admission", {"detail": "bad \ud800", "n": 1.5})
+    BatchedLog(logger, stream).write(logging.INFO, "admission", {"detail": "bad \ud800", "n": 1.5})
     line = json.loads(stream.getvalue())
     assert (line["detail"], line["n"], line["logger"]) == ("bad \ud800", 1.5, "test.admission.surrogate")

@@ -1,12 +1,12 @@
-"""The per-admission log line, cheaply: one JSON line per mutation and per denial (skipped pods at debug).
+"""Frequent log lines, cheaply: the webhook's line per mutation and per denial, the extender's line per bind.
 
-The line has the fields ``extender.logs.JsonFormatter`` writes (ts, level, logger, msg and the extras), so
-it reads like every other line, but it is built with one ``orjson.dumps`` (and a timestamp whose seconds
-are formatted once a second) instead of a ``LogRecord``, a formatter pass and a locked handler. An
-admission only notes its time and fields; the lines are formatted and written together, at most
-``FLUSH_AFTER`` seconds after the first waiting one, or at once when ``MAX_PENDING`` wait (and when the
-server shuts down), so a busy webhook makes a few writes a second instead of one per admission. The
-logger's level decides, as for any log line (``--log-level``).
+A line has the fields ``extender.logs.JsonFormatter`` writes (ts, level, logger, msg and the extras), so it
+reads like every other line, but it is built with one ``orjson.dumps`` (and a timestamp whose seconds are
+formatted once a second) instead of a ``LogRecord``, a formatter pass and a locked handler. A caller only
+notes its time and fields; the lines are formatted and written together, at most ``FLUSH_AFTER`` seconds
+after the first waiting one, or at once when ``MAX_PENDING`` wait (and when the server shuts down), so a
+busy server makes a few writes a second instead of one per line. The logger's level decides, as for any log
+line (``--log-level``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ FLUSH_AFTER = 0.05
 MAX_PENDING = 256
 
 
-class AdmissionLog:
+class BatchedLog:
     def __init__(self, logger: logging.Logger, stream: TextIO | None = None) -> None:
         self._logger = logger
         self._stream = stream  # None: sys.stderr at the time of writing (as a StreamHandler's default)
