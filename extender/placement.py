@@ -70,7 +70,6 @@ class Slot:
         return self.used_tflops == 0 and self.used_vram == 0 and self.whole_holders == 0
 
 
-
 @dataclass(frozen=True)
 class Verdict:
     fit: Fit

@@ -38,7 +38,6 @@ from extender.state import ClusterState, FilterOutcome, PdbCheck
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
-
 FilterObserver = Callable[[dict[str, Any], FilterOutcome], None]
 
 DEFAULT_PREFIX = "/scheduler"
