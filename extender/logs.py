@@ -17,6 +17,9 @@ import orjson
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 
 
+_MILLIS = tuple(f".{ms:03d}+00:00" for ms in range(1000))  # a line's milliseconds and offset, made once
+
+
 class Timestamps:
     """``datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")``, with the seconds formatted
     once per second (rounded to microseconds first, as datetime does). One per writer, not thread-safe
@@ -34,7 +37,7 @@ class Timestamps:
         cached = self._second
         if cached[0] != second:
             cached = self._second = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
-        return f"{cached[1]}.{micros // 1000:03d}+00:00"
+        return cached[1] + _MILLIS[micros // 1000]
 
 
 def dump_line(line: dict[str, Any]) -> str:

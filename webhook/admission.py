@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -70,8 +69,8 @@ class ReviewError(ValueError):
         self.uid = uid
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
+# Request and Decision are made for every review: NamedTuples, a third of the cost of frozen dataclasses.
+class Request(NamedTuple):
     """What the webhook reads of an AdmissionReview request (``request.kind`` flattened)."""
 
     uid: str
@@ -185,8 +184,7 @@ def _review(response: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": API_VERSION, "kind": KIND, "response": response}
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
     response: dict[str, Any]
     outcome: Outcome
     reason: str | None = None  # the deny reason, for metrics

@@ -62,6 +62,7 @@ class ServingCaches:
         self.owners = owners
         self.owner_timeout = owner_timeout
         self._synced = synced or []
+        self._ownerless = CachedClusterView(pools, profiles, templates, {})
         self._tasks: list[asyncio.Task[None]] = []
         self._caches: list[WatchCache] = []
         # Bumped on every change of a pool, profile or template: the mutation cache's invalidation.
@@ -96,4 +97,6 @@ class ServingCaches:
 
     async def view_for(self, pod: KubeObject, namespace: str) -> ClusterView:
         owners = await owners_of(pod, namespace, self.owners, self.owner_timeout)
+        if not owners:  # most pods: one view serves them all (it reads the caches live)
+            return self._ownerless
         return CachedClusterView(self.pools, self.profiles, self.templates, owners)

@@ -57,8 +57,8 @@ class Mutation:
 
 
 def encode_patch(patch: list[PatchOp]) -> str:
-    """The base64 of the JSON Patch, as ``response.patch`` of an AdmissionReview."""
-    return base64.b64encode(json.dumps(patch).encode()).decode()
+    """The base64 of the JSON Patch (compact JSON), as ``response.patch`` of an AdmissionReview."""
+    return base64.b64encode(json.dumps(patch, separators=(",", ":")).encode()).decode()
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from webhook.admission import Outcome
@@ -26,13 +26,11 @@ class WebhookMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
             registry=self.registry,
         )
-        self.decisions = Counter("tf_webhook_decisions_total", "AdmissionReviews answered, by outcome.",
-                                 ["outcome"], registry=self.registry)
+        self.decisions = LoopCounter("tf_webhook_decisions", "AdmissionReviews answered, by outcome.",
+                                     "outcome", [o.value for o in Outcome], registry=self.registry)
         self.denials = Counter("tf_webhook_denials_total",
                                "Denied pods, by the annotation key or rule at fault.", ["reason"],
                                registry=self.registry)
-        # the labelled children, looked up once (``labels()`` takes a lock and builds a key per call)
-        self._by_outcome = {outcome: self.decisions.labels(outcome=outcome.value) for outcome in Outcome}
 
     def track_certificate(self, cert_file: Path) -> None:
         """Export the serving certificate's expiry (read from the file on each scrape; the server reloads
@@ -43,7 +41,7 @@ class WebhookMetrics:
 
     def observe(self, seconds: float, outcome: Outcome, denial_reason: str | None) -> None:
         self.duration.observe(seconds)
-        self._by_outcome[outcome].inc()
+        self.decisions.inc(outcome.value)
         if denial_reason is not None:
             self.denials.labels(reason=denial_reason).inc()
 
@@ -84,6 +82,32 @@ class LoopHistogram:
             buckets.append((label, float(cumulative)))
         family = HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=self._sum)
         family.add_sample(f"{self.name}_created", {}, self._created)
+        return [family]
+
+
+class LoopCounter:
+    """A counter with one label whose values are all known up front, incremented and collected from one
+    thread (the server's event loop): ``inc`` is a dict update, where prometheus_client's ``Counter`` child
+    takes a lock. It exposes the samples that ``Counter`` does (``<name>_total`` and ``<name>_created``, every
+    value from zero)."""
+
+    def __init__(self, name: str, documentation: str, label: str, values: Sequence[str],
+                 registry: CollectorRegistry) -> None:
+        self.name, self.documentation, self.label = name, documentation, label
+        self._counts = dict.fromkeys(values, 0)
+        self._created = time.time()
+        registry.register(self)
+
+    def inc(self, value: str) -> None:
+        self._counts[value] += 1
+
+    def describe(self) -> list[Metric]:
+        return [CounterMetricFamily(self.name, self.documentation, labels=[self.label])]
+
+    def collect(self) -> list[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, count in self._counts.items():
+            family.add_metric([value], float(count), created=self._created)
         return [family]
 
 

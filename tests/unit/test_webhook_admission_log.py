@@ -4,16 +4,20 @@ cache, and exactly one JSON line per mutation and per denial (none for untouched
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import io
 import json
 import logging
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from test_webhook_fixtures import ServerUnderTest, pod, tf
 from test_webhook_server import ClientFactory, post, review, static_view
 
 from extender.batched_log import FLUSH_AFTER, MAX_PENDING, BatchedLog
+from extender.logs import Timestamps
 from webhook import server
 from webhook.admission import allow, deny, encode_review
 from webhook.memo import MutationCache
@@ -133,3 +137,9 @@ async def test_a_line_carries_the_time_of_its_admission_not_of_its_write(
     admission.flush()
     line = json.loads(stream.getvalue())
     assert (line["uid"], line["ts"]) == ("a", "2023-11-14T22:13:20.250+00:00")
+
+
+@given(st.floats(min_value=0, max_value=4_102_444_800))  # 1970 to 2100
+def test_timestamps_read_as_datetime_writes_them(now: float) -> None:
+    expected = dt.datetime.fromtimestamp(now, dt.UTC).isoformat(timespec="milliseconds")
+    assert Timestamps()(now) == expected
