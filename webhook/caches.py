@@ -4,8 +4,8 @@ owners from the owner cache. The only module of the webhook that talks to the AP
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Hashable, Mapping
+from typing import Any, Protocol, cast
 
 from extender.kube.informer import WatchCache
 from extender.kube.resources import GPU_POOLS, SCHEDULING_CONFIG_TEMPLATES, WORKLOAD_PROFILES
@@ -94,6 +94,15 @@ class ServingCaches:
     async def stop(self) -> None:
         await cancel_and_wait(self._tasks)  # the watches retry their errors: only cancellation ends them
         self._tasks = []
+
+    def owner_token(self, owner: Hashable) -> object:
+        """The owner object ``view_for`` would use now for ``owner`` (namespace, kind, name), while the owner
+        cache holds it; else a fresh object, equal to nothing (``WebhookService.owner_token``)."""
+        if owner is None:
+            return None
+        namespace, kind, name = cast(OwnerKey, owner)
+        known, obj = self.owners.cached(namespace, kind, name)
+        return obj if known else object()
 
     async def view_for(self, pod: KubeObject, namespace: str) -> ClusterView:
         owners = await owners_of(pod, namespace, self.owners, self.owner_timeout)

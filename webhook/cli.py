@@ -134,6 +134,7 @@ async def serve(args: argparse.Namespace) -> int:
     from extender.kube.client import load_api_client
     from webhook.caches import ServingCaches
     from webhook.memo import MutationCache
+    from webhook.replay import ReviewReplay
 
     ssl_context = serving_context(args.cert_dir)
     api_client = load_api_client(args.kubeconfig)
@@ -142,7 +143,8 @@ async def serve(args: argparse.Namespace) -> int:
     switch = DoNotDisruptSwitch(mode, api_probe(api_client) if mode is Mode.AUTO else None)
     service = WebhookService(caches.view_for, caches.ready, scheduler_name=args.scheduler_name,
                              request_timeout=args.request_timeout, do_not_disrupt=lambda: switch.enabled,
-                             mutation_cache=MutationCache(), generation=lambda: caches.generation)
+                             mutation_cache=MutationCache(), generation=lambda: caches.generation,
+                             replay=ReviewReplay(), owner_token=caches.owner_token)
     service.metrics.track_certificate(Path(args.cert_dir) / TLS_CERT)
     runner = web.ServerRunner(create_server(service))
     await runner.setup()

@@ -17,12 +17,23 @@ from aiohttp import web
 
 from extender.batched_log import BatchedLog
 from extender.logs import describe_exception, one_line_server_errors
-from webhook.admission import Decision, Outcome, ReviewError, admit, deny, encode_review, parse_review
+from webhook.admission import (
+    Decision,
+    Outcome,
+    Request,
+    ReviewError,
+    admit,
+    deny,
+    encode_review,
+    parse_review,
+)
 from webhook.deadline import DEFAULT_TICK, Deadlines
 from webhook.index import IndexAllocator
 from webhook.memo import MutationCache
 from webhook.metrics import CONTENT_TYPE, WebhookMetrics
+from webhook.replay import Replay, ReviewReplay
 from webhook.view import ClusterView, KubeObject
+from webhook.workload import owner_to_fetch
 
 log = logging.getLogger("webhook.server")
 admission_log = BatchedLog(log)
@@ -47,12 +58,18 @@ class WebhookService:
                  request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  do_not_disrupt: Callable[[], bool] = lambda: False,
                  mutation_cache: MutationCache | None = None,
-                 generation: Callable[[], Hashable] = lambda: 0) -> None:
-        """``mutation_cache`` needs ``generation`` to change whenever what ``view_for`` sees of pools,
-        profiles and templates does (``ServingCaches.generation``)."""
+                 generation: Callable[[], Hashable] = lambda: 0,
+                 replay: ReviewReplay | None = None,
+                 owner_token: Callable[[Hashable], object] = lambda owner: None) -> None:
+        """``mutation_cache`` and ``replay`` need ``generation`` to change whenever what ``view_for`` sees of
+        pools, profiles and templates does (``ServingCaches.generation``); ``replay`` also needs
+        ``owner_token`` to give, for an owner key (namespace, kind, name), a value equal to the last one
+        exactly while the owner object ``view_for`` would use is the same (``ServingCaches.owner_token``)."""
         self.view_for = view_for
         self.mutation_cache = mutation_cache
         self.generation = generation
+        self.replay = replay
+        self.owner_token = owner_token
         self.do_not_disrupt = do_not_disrupt
         self.ready = ready
         self.scheduler_name = scheduler_name
@@ -61,6 +78,10 @@ class WebhookService:
         self.request_timeout = request_timeout
         # requests end within a quarter of their bound past it (DEFAULT_TICK at most)
         self.deadlines = Deadlines(max(min(DEFAULT_TICK, request_timeout / 4), 0.001))
+
+    def replay_context(self, owner: Hashable) -> Hashable:
+        """What a decision reads beside the review and the pod index (see ``webhook.replay``)."""
+        return self.generation(), self.do_not_disrupt(), self.owner_token(owner)
 
 
 class Routes:
@@ -151,15 +172,19 @@ async def handle_mutate(service: WebhookService, max_body_bytes: int,
                 raise
             except Exception as exc:  # e.g. a Content-Encoding the body does not decode with
                 raise ReviewError(f"body cannot be read: {describe_exception(exc, 200)}") from exc
-            review = parse_review(body)
-            uid = review.uid
-            fields = {"uid": uid[:100], "operation": review.operation[:20],
-                      "namespace": (review.namespace or "")[:63], "pod": _pod_name(review.object)}
-            view = await service.view_for(review.object or {}, review.namespace or "default")
-            decision = admit(review, view, scheduler_name=service.scheduler_name,
-                             next_index=service.allocator.next, do_not_disrupt=service.do_not_disrupt(),
-                             cache=service.mutation_cache, generation=service.generation())
-        response = web.Response(body=encode_review(decision.response), content_type="application/json")
+            index = _IndexDraw(service.allocator)
+            replayed = _replay(service, body, index)
+            if replayed is not None:
+                uid, fields = replayed.uid, {"uid": replayed.uid[:100], **replayed.fields}
+                decision = Decision({}, replayed.outcome, replayed.reason, replayed.message)
+                answer = replayed.answer
+            else:
+                review = parse_review(body)
+                uid = review.uid
+                fields = {"uid": uid[:100], "operation": review.operation[:20],
+                          "namespace": (review.namespace or "")[:63], "pod": _pod_name(review.object)}
+                decision, answer = await _decide(service, body, review, index, fields)
+        response = web.Response(body=answer, content_type="application/json")
     except web.HTTPRequestEntityTooLarge:
         message = f"AdmissionReview larger than {max_body_bytes} bytes"
         decision = Decision({}, Outcome.ERROR, "review-too-large", message)
@@ -189,6 +214,53 @@ async def handle_mutate(service: WebhookService, max_body_bytes: int,
     admission_log.write(logging.DEBUG if decision.outcome is Outcome.SKIPPED else logging.INFO, "admission",
                         fields)
     return response
+
+
+class _IndexDraw:
+    """The request's pod index, drawn from the allocator at most once, and whether the decision used it."""
+
+    __slots__ = ("_allocator", "index", "used")
+
+    def __init__(self, allocator: IndexAllocator) -> None:
+        self._allocator = allocator
+        self.index: int | None = None
+        self.used = False
+
+    def draw(self) -> int:
+        if self.index is None:
+            self.index = self._allocator.next()
+        return self.index
+
+    def __call__(self) -> int:  # admit's ``next_index``
+        self.used = True
+        return self.draw()
+
+
+def _replay(service: WebhookService, body: bytes, index: _IndexDraw) -> Replay | None:
+    replay = service.replay
+    found = replay.lookup(body) if replay is not None else None
+    if replay is None or found is None:
+        return None
+    key, uid = found
+    return replay.replay(key, uid, service.replay_context, index.draw() if replay.needs_index(key) else None)
+
+
+async def _decide(service: WebhookService, body: bytes, review: Request, index: _IndexDraw,
+                  fields: dict[str, Any]) -> tuple[Decision, bytes]:
+    namespace = review.namespace or "default"
+    view = await service.view_for(review.object or {}, namespace)
+    decision = admit(review, view, scheduler_name=service.scheduler_name, next_index=index,
+                     do_not_disrupt=service.do_not_disrupt(), cache=service.mutation_cache,
+                     generation=service.generation())
+    answer = encode_review(decision.response)
+    if service.replay is not None and review.plain_json:
+        wanted = owner_to_fetch(review.object) if review.object is not None else None
+        owner = (namespace, *wanted) if wanted is not None else None
+        service.replay.remember(body, review.uid, answer, owner=owner, context=service.replay_context(owner),
+                                index=index.index if index.used else None, outcome=decision.outcome,
+                                reason=decision.reason, message=decision.message,
+                                fields={k: v for k, v in fields.items() if k != "uid"})
+    return decision, answer
 
 
 def _error(status: int, message: str) -> web.Response:
