@@ -16,8 +16,11 @@ beside the review is part of the context that must match: the cluster view's gen
 do-not-disrupt switch, the owner object the workload label came from, and the pod index when the decision
 used one (answers are kept per index; a new index decides afresh).
 
+A review is remembered on its second sighting: the first only notes its bytes outside the slot (a bounded
+set), so pods that never repeat (a StatefulSet's, say: their names differ) cost a lookup, not the check.
 Memory is bounded by a byte budget over all entries (review bytes plus answer bytes), least recently used
-out first. Not thread-safe: the server uses it from its event loop only.
+out first, and by the number of reviews noted once. Not thread-safe: the server uses it from its event loop
+only.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import orjson
 DEFAULT_BUDGET_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_REVIEW_BYTES = 64 * 1024  # larger reviews are never remembered
 MAX_LAYOUTS = 4  # (offset, length) of the uid slot: kube-apiserver's reviews put it at one place
+MAX_SEEN_ONCE = 4096  # reviews noted on their first sighting (a hash each)
 _UID_BYTES = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-"
 
 LayoutKey = tuple[int, int, bytes]  # uid offset, uid length, the review's bytes without the uid
@@ -73,6 +77,7 @@ class ReviewReplay:
         self.max_review_bytes = max_review_bytes
         self._layouts: OrderedDict[tuple[int, int], None] = OrderedDict()
         self._entries: OrderedDict[LayoutKey, _Entry] = OrderedDict()
+        self._seen_once: OrderedDict[int, None] = OrderedDict()  # hashes of the keys seen once
         self._bytes = 0
         self.hits = 0
 
@@ -134,6 +139,14 @@ class ReviewReplay:
         entry = self._entries.get(key)
         if (entry is None or entry.owner != owner or entry.context != context
                 or entry.uses_index != (index is not None)):
+            if entry is None:
+                noted = hash(key)  # a collision costs one needless check, never a wrong answer
+                if noted not in self._seen_once:  # the first sighting: noted only
+                    self._seen_once[noted] = None
+                    if len(self._seen_once) > MAX_SEEN_ONCE:
+                        self._seen_once.popitem(last=False)
+                    return False
+                del self._seen_once[noted]
             if not _slot_is_request_uid(body, offset, end, uid):
                 return False
             self._drop(key)

@@ -136,9 +136,10 @@ def test_a_pod_index_not_answered_yet_is_decided() -> None:
         bodies = [encoded(PODS["fractional"], uid(n)) for n in range(130)]
         answers = [json.loads(await answer(with_replay, body)) for body in bodies]
         patches = [a["response"]["patch"] for a in answers]
-        assert patches[0] == patches[128] and patches[1] == patches[129]  # index 1 and 2 again: replayed
+        assert patches[0] == patches[128] and patches[1] == patches[129]  # index 1 and 2 again
         assert len(set(patches[:128])) == 128  # each index its own patch
-        assert replay.hits == 2
+        # remembered on its second sighting (index 2), so index 2 again is replayed and index 1 decided
+        assert replay.hits == 1
     asyncio.run(run())
 
 
@@ -171,16 +172,18 @@ def test_only_the_request_uid_slot_is_replayed() -> None:
     replay = ReviewReplay()
     p = PODS["fractional"]
     plain = encoded(p, "abc-1")
-    assert replay.remember(plain, "abc-1", b'{"uid":"abc-1"}', owner=None, context=0, index=None,
-                           outcome=None, reason=None, message=None, fields={})
+    kept = [replay.remember(plain, "abc-1", b'{"uid":"abc-1"}', owner=None, context=0, index=None,
+                            outcome=None, reason=None, message=None, fields={}) for _ in range(2)]
+    assert kept == [False, True]  # noted on its first sighting, kept on its second
     # the uid twice (here also a label), given with escapes, or with characters JSON could escape: not kept
     twice = encoded({**p, "metadata": {**p["metadata"], "labels": {"echo": "abc-2"}}}, "abc-2")
     escaped = plain.replace(b'"uid":"abc-1"', b'"uid":"\\u0061bc-3"')
     escaped = escaped.replace(b'"name":"', b'"name":"abc-3', 1)
     quoted = encoded(p, 'a"b')
     for body, uid_ in ((twice, "abc-2"), (escaped, "abc-3"), (quoted, 'a"b')):
-        assert not replay.remember(body, uid_, json.dumps({"uid": uid_}).encode(), owner=None, context=0,
-                                   index=None, outcome=None, reason=None, message=None, fields={})
+        for _ in range(2):  # seen twice: checked, and refused
+            assert not replay.remember(body, uid_, json.dumps({"uid": uid_}).encode(), owner=None, context=0,
+                                       index=None, outcome=None, reason=None, message=None, fields={})
     assert len(replay) == 1
     assert replay.lookup(encoded(p, "xyz-9")) is not None
     assert replay.lookup(encoded(p, "xy\\z-9")) is None  # another length: another layout, not kept
@@ -191,7 +194,17 @@ def test_memory_stays_within_the_byte_budget() -> None:
     for n in range(200):
         p = pod(tf(tflops_request=str(n + 1)))
         body = encoded(p, uid(n))
-        replay.remember(body, uid(n), b'{"response":{"uid":"%s"}}' % uid(n).encode(), owner=None, context=0,
-                        index=None, outcome=None, reason=None, message=None, fields={})
+        for _ in range(2):
+            replay.remember(body, uid(n), b'{"response":{"uid":"%s"}}' % uid(n).encode(), owner=None,
+                            context=0, index=None, outcome=None, reason=None, message=None, fields={})
     assert 0 < len(replay) < 200
     assert replay._bytes <= 20_000
+
+
+def test_reviews_seen_once_are_only_noted() -> None:
+    replay = ReviewReplay()
+    for n in range(10_000):  # pods that never repeat (their names differ)
+        p = {**PODS["fractional"], "metadata": {**PODS["fractional"]["metadata"], "name": f"web-{n}"}}
+        assert not replay.remember(encoded(p, uid(n)), uid(n), b'{"uid":"%s"}' % uid(n).encode(), owner=None,
+                                   context=0, index=None, outcome=None, reason=None, message=None, fields={})
+    assert len(replay) == 0 and len(replay._seen_once) <= 4096
