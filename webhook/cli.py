@@ -146,6 +146,8 @@ async def serve(args: argparse.Namespace) -> int:
                              mutation_cache=MutationCache(), generation=lambda: caches.generation,
                              replay=ReviewReplay(), owner_token=caches.owner_token)
     service.metrics.track_certificate(Path(args.cert_dir) / TLS_CERT)
+    if service.replay is not None:
+        service.metrics.track_replay(service.replay)
     runner = web.ServerRunner(create_server(service))
     await runner.setup()
     monitoring = None

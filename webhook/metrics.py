@@ -10,10 +10,16 @@ from pathlib import Path
 
 from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.utils import floatToGoString
 
 from webhook.admission import Outcome
+from webhook.replay import ReviewReplay
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -38,6 +44,10 @@ class WebhookMetrics:
         gauge = Gauge("tf_webhook_certificate_expiry_timestamp_seconds",
                       "Unix time at which the webhook's serving certificate expires", registry=self.registry)
         gauge.set_function(lambda: certificate_not_after(cert_file))
+
+    def track_replay(self, replay: ReviewReplay) -> None:
+        """Export how many reviews ``replay`` answered and how many it keeps (read on each scrape)."""
+        self.registry.register(ReplayCollector(replay))
 
     def observe(self, seconds: float, outcome: Outcome, denial_reason: str | None) -> None:
         self.duration.observe(seconds)
@@ -109,6 +119,21 @@ class LoopCounter:
         for value, count in self._counts.items():
             family.add_metric([value], float(count), created=self._created)
         return [family]
+
+
+class ReplayCollector:
+    def __init__(self, replay: ReviewReplay) -> None:
+        self.replay = replay
+
+    def describe(self) -> list[Metric]:
+        return self.collect()
+
+    def collect(self) -> list[Metric]:
+        return [CounterMetricFamily("tf_webhook_replayed_answers",
+                                    "AdmissionReviews answered with the answer to an earlier review of "
+                                    "the same bytes but for request.uid.", value=self.replay.hits),
+                GaugeMetricFamily("tf_webhook_replay_entries", "Reviews whose answers are kept for replay.",
+                                  value=len(self.replay))]
 
 
 def certificate_not_after(cert_file: Path) -> float:

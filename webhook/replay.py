@@ -16,11 +16,11 @@ beside the review is part of the context that must match: the cluster view's gen
 do-not-disrupt switch, the owner object the workload label came from, and the pod index when the decision
 used one (answers are kept per index; a new index decides afresh).
 
-A review is remembered on its second sighting: the first only notes its bytes outside the slot (a bounded
-set), so pods that never repeat (a StatefulSet's, say: their names differ) cost a lookup, not the check.
-Memory is bounded by a byte budget over all entries (review bytes plus answer bytes), least recently used
-out first, and by the number of reviews noted once. Not thread-safe: the server uses it from its event loop
-only.
+A review is remembered on its second sighting: the first only notes a hash of its bytes outside the slot
+(a bounded set), so pods that never repeat (a StatefulSet's, say: their names differ) cost a lookup, not
+the check. Memory is bounded by a byte budget over all entries (review bytes plus answer bytes), least
+recently used out first, and by the number of reviews noted once. Not thread-safe: the server uses it from
+its event loop only.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from webhook.admission import Outcome
 
 DEFAULT_BUDGET_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_REVIEW_BYTES = 64 * 1024  # larger reviews are never remembered
@@ -47,7 +49,7 @@ class Replay:
 
     uid: str
     answer: bytes
-    outcome: Any  # webhook.admission.Outcome
+    outcome: Outcome
     reason: str | None
     message: str | None
     fields: dict[str, Any]  # operation, namespace and pod, as the log line has them
@@ -57,7 +59,7 @@ class Replay:
 class _Entry:
     owner: Hashable  # the owner the workload label came from (webhook.owners.OwnerKey), or None
     context: Hashable
-    outcome: Any
+    outcome: Outcome
     reason: str | None
     message: str | None
     fields: dict[str, Any]
@@ -119,7 +121,7 @@ class ReviewReplay:
         return entry is not None and entry.uses_index
 
     def remember(self, body: bytes, uid: str, answer: bytes, *, owner: Hashable, context: Hashable,
-                 index: int | None, outcome: Any, reason: str | None, message: str | None,
+                 index: int | None, outcome: Outcome, reason: str | None, message: str | None,
                  fields: dict[str, Any]) -> bool:
         """Keep ``answer`` (the encoded review answering ``body``, whose request uid is ``uid``) for the
         reviews that differ from ``body`` only in the uid. ``owner``: the owner the decision read, and

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from test_webhook_fixtures import NS, OBJECTS, REPLICASET, pod, tf, view
 from test_webhook_server import review
 
+from webhook.admission import Outcome
 from webhook.index import IndexAllocator
 from webhook.memo import MutationCache
 from webhook.replay import ReviewReplay
@@ -168,12 +169,17 @@ def test_any_uid_and_any_difference_answer_as_decided(first: str, second: str, l
     asyncio.run(run())
 
 
+def keep(replay: ReviewReplay, body: bytes, uid_: str) -> bool:
+    """``remember`` an answer carrying ``uid_``, with no owner, one context and no index."""
+    return replay.remember(body, uid_, json.dumps({"uid": uid_}).encode(), owner=None, context=0, index=None,
+                           outcome=Outcome.MUTATED, reason=None, message=None, fields={})
+
+
 def test_only_the_request_uid_slot_is_replayed() -> None:
     replay = ReviewReplay()
     p = PODS["fractional"]
     plain = encoded(p, "abc-1")
-    kept = [replay.remember(plain, "abc-1", b'{"uid":"abc-1"}', owner=None, context=0, index=None,
-                            outcome=None, reason=None, message=None, fields={}) for _ in range(2)]
+    kept = [keep(replay, plain, "abc-1") for _ in range(2)]
     assert kept == [False, True]  # noted on its first sighting, kept on its second
     # the uid twice (here also a label), given with escapes, or with characters JSON could escape: not kept
     twice = encoded({**p, "metadata": {**p["metadata"], "labels": {"echo": "abc-2"}}}, "abc-2")
@@ -182,8 +188,7 @@ def test_only_the_request_uid_slot_is_replayed() -> None:
     quoted = encoded(p, 'a"b')
     for body, uid_ in ((twice, "abc-2"), (escaped, "abc-3"), (quoted, 'a"b')):
         for _ in range(2):  # seen twice: checked, and refused
-            assert not replay.remember(body, uid_, json.dumps({"uid": uid_}).encode(), owner=None, context=0,
-                                       index=None, outcome=None, reason=None, message=None, fields={})
+            assert not keep(replay, body, uid_)
     assert len(replay) == 1
     assert replay.lookup(encoded(p, "xyz-9")) is not None
     assert replay.lookup(encoded(p, "xy\\z-9")) is None  # another length: another layout, not kept
@@ -195,8 +200,7 @@ def test_memory_stays_within_the_byte_budget() -> None:
         p = pod(tf(tflops_request=str(n + 1)))
         body = encoded(p, uid(n))
         for _ in range(2):
-            replay.remember(body, uid(n), b'{"response":{"uid":"%s"}}' % uid(n).encode(), owner=None,
-                            context=0, index=None, outcome=None, reason=None, message=None, fields={})
+            keep(replay, body, uid(n))
     assert 0 < len(replay) < 200
     assert replay._bytes <= 20_000
 
@@ -205,6 +209,18 @@ def test_reviews_seen_once_are_only_noted() -> None:
     replay = ReviewReplay()
     for n in range(10_000):  # pods that never repeat (their names differ)
         p = {**PODS["fractional"], "metadata": {**PODS["fractional"]["metadata"], "name": f"web-{n}"}}
-        assert not replay.remember(encoded(p, uid(n)), uid(n), b'{"uid":"%s"}' % uid(n).encode(), owner=None,
-                                   context=0, index=None, outcome=None, reason=None, message=None, fields={})
+        assert not keep(replay, encoded(p, uid(n)), uid(n))
     assert len(replay) == 0 and len(replay._seen_once) <= 4096
+
+
+def test_metrics_count_replayed_answers() -> None:
+    async def run() -> None:
+        context = Context()
+        with_replay, _, replay = both(context, indexes=1)
+        with_replay.metrics.track_replay(replay)
+        for n in range(5):
+            await answer(with_replay, encoded(PODS["fractional"], uid(n)))
+        text = with_replay.metrics.exposition().decode()
+        # noted, remembered, then three replays
+        assert "tf_webhook_replayed_answers_total 3.0" in text and "tf_webhook_replay_entries 1.0" in text
+    asyncio.run(run())
