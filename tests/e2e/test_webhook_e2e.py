@@ -7,6 +7,8 @@ it over TLS through the shipped MutatingWebhookConfiguration (see the ``webhook`
 from __future__ import annotations
 
 import json
+import ssl
+import urllib.request
 
 import pytest
 from kubernetes import client
@@ -79,6 +81,35 @@ def test_critical_pod_gets_the_critical_priority_class(api_client, gpu_cluster, 
     stored = core.read_namespaced_pod("vip", namespace)
     assert stored.spec.priority_class_name == "tensor-fusion-critical"
     assert stored.spec.priority == 1000000  # resolved by the API server's Priority admission
+
+
+def replay_figures(webhook: cpl.WebhookServer) -> dict[str, float]:
+    context = ssl.create_default_context(cafile=str(webhook.ca_file))
+    with urllib.request.urlopen(f"{webhook.url}/metrics", timeout=5, context=context) as r:
+        lines = r.read().decode().splitlines()
+    samples = (line.rsplit(" ", 1) for line in lines if line and not line.startswith("#"))
+    return {name: float(value) for name, value in samples
+            if name in ("tf_webhook_replayed_answers_total", "tf_webhook_replay_entries")}
+
+
+def test_pods_of_one_template_are_reviewed_as_the_same_bytes_but_for_the_uid(api_client, gpu_cluster,
+                                                                            webhook, namespace):
+    """What webhook/replay.py relies on, checked against kube-apiserver: a pod created by generateName (as a
+    ReplicaSet or Job creates them) gets its name after admission, so the pods of one template reach the
+    webhook as one review's bytes but for request.uid, and the webhook keeps one replay entry for them."""
+    core = client.CoreV1Api(api_client)
+    before = replay_figures(webhook)
+    body = cpl.gpu_pod_body("unused", tflops="1", vram="1Gi", labels={"app": "replicas"})
+    del body["metadata"]["name"]
+    body["metadata"]["generateName"] = "replica-"
+    pods = [core.create_namespaced_pod(namespace, json.loads(json.dumps(body))) for _ in range(3)]
+    after = replay_figures(webhook)
+    assert after["tf_webhook_replay_entries"] == before["tf_webhook_replay_entries"] + 1  # on the 2nd
+    # each pod its own index (answers are kept per index: replayed once an index comes round again)
+    indexes = {tuple(sorted((k, v) for k, v in pod.spec.containers[0].resources.limits.items()
+                            if k.startswith(TF + "index_"))) for pod in pods}
+    assert len(indexes) == 3
+    assert len({json.dumps(pod.metadata.annotations, sort_keys=True) for pod in pods}) == 1
 
 
 def test_pod_not_opted_in_is_left_alone(api_client, gpu_cluster, webhook, namespace):
