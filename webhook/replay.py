@@ -86,8 +86,11 @@ class ReviewReplay:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, body: bytes) -> tuple[LayoutKey, str] | None:
-        """The entry key and uid of ``body`` if a remembered review has its bytes outside the uid slot."""
+    def answer(self, body: bytes, context_of: Callable[[Hashable], Hashable],
+               draw_index: Callable[[], int]) -> Replay | None:
+        """The answer for ``body``, if a review with its bytes outside the uid slot was remembered under the
+        context ``context_of`` gives now for that review's owner and, when its decision used a pod index,
+        for the index ``draw_index`` gives (called only then)."""
         if len(body) > self.max_review_bytes:
             return None
         for offset, length in self._layouts:
@@ -95,38 +98,28 @@ class ReviewReplay:
             if end >= len(body):
                 continue
             key = (offset, length, body[:offset] + body[end:])
-            if key in self._entries:
-                uid = body[offset:end]
-                return (key, uid.decode()) if _safe_uid(uid) else None
+            entry = self._entries.get(key)
+            if entry is None:
+                continue
+            uid = body[offset:end]
+            if not _safe_uid(uid) or entry.context != context_of(entry.owner):
+                return None
+            parts = entry.answers.get(draw_index() if entry.uses_index else None)
+            if parts is None:
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return Replay(uid.decode(), parts[0] + uid + parts[1], entry.outcome, entry.reason, entry.message,
+                          entry.fields)
         return None
-
-    def replay(self, key: LayoutKey, uid: str, context_of: Callable[[Hashable], Hashable],
-               index: int | None) -> Replay | None:
-        """The answer for this review if it was remembered under the context ``context_of`` gives now for
-        its owner, with pod index ``index`` (None when ``needs_index`` is false)."""
-        entry = self._entries.get(key)
-        if entry is None or entry.context != context_of(entry.owner):
-            return None
-        parts = entry.answers.get(index if entry.uses_index else None)
-        if parts is None:
-            return None
-        self._entries.move_to_end(key)
-        self.hits += 1
-        encoded = uid.encode()
-        return Replay(uid, parts[0] + encoded + parts[1], entry.outcome, entry.reason, entry.message,
-                      entry.fields)
-
-    def needs_index(self, key: LayoutKey) -> bool:
-        entry = self._entries.get(key)
-        return entry is not None and entry.uses_index
 
     def remember(self, body: bytes, uid: str, answer: bytes, *, owner: Hashable, context: Hashable,
                  index: int | None, outcome: Outcome, reason: str | None, message: str | None,
                  fields: dict[str, Any]) -> bool:
         """Keep ``answer`` (the encoded review answering ``body``, whose request uid is ``uid``) for the
         reviews that differ from ``body`` only in the uid. ``owner``: the owner the decision read, and
-        ``context`` what ``context_of(owner)`` gave for it; ``index``: the pod index the decision used, None
-        when it used none. False when the review cannot be replayed exactly (then nothing is kept)."""
+        ``context`` what ``answer``'s ``context_of(owner)`` gave for it; ``index``: the pod index the decision
+        used, None when it used none. False when the review cannot be replayed exactly (nothing is kept)."""
         encoded_uid = uid.encode()
         if len(body) > self.max_review_bytes or not _safe_uid(encoded_uid):
             return False

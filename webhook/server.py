@@ -31,7 +31,7 @@ from webhook.deadline import DEFAULT_TICK, Deadlines
 from webhook.index import IndexAllocator
 from webhook.memo import MutationCache
 from webhook.metrics import CONTENT_TYPE, WebhookMetrics
-from webhook.replay import Replay, ReviewReplay
+from webhook.replay import ReviewReplay
 from webhook.view import ClusterView, KubeObject
 from webhook.workload import owner_to_fetch
 
@@ -173,7 +173,8 @@ async def handle_mutate(service: WebhookService, max_body_bytes: int,
             except Exception as exc:  # e.g. a Content-Encoding the body does not decode with
                 raise ReviewError(f"body cannot be read: {describe_exception(exc, 200)}") from exc
             index = _IndexDraw(service.allocator)
-            replayed = _replay(service, body, index)
+            replay = service.replay
+            replayed = replay.answer(body, service.replay_context, index.draw) if replay is not None else None
             if replayed is not None:
                 uid, fields = replayed.uid, {"uid": replayed.uid[:100], **replayed.fields}
                 decision = Decision({}, replayed.outcome, replayed.reason, replayed.message)
@@ -234,15 +235,6 @@ class _IndexDraw:
     def __call__(self) -> int:  # admit's ``next_index``
         self.used = True
         return self.draw()
-
-
-def _replay(service: WebhookService, body: bytes, index: _IndexDraw) -> Replay | None:
-    replay = service.replay
-    found = replay.lookup(body) if replay is not None else None
-    if replay is None or found is None:
-        return None
-    key, uid = found
-    return replay.replay(key, uid, service.replay_context, index.draw() if replay.needs_index(key) else None)
 
 
 async def _decide(service: WebhookService, body: bytes, review: Request, index: _IndexDraw,

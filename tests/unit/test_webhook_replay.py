@@ -190,8 +190,10 @@ def test_only_the_request_uid_slot_is_replayed() -> None:
         for _ in range(2):  # seen twice: checked, and refused
             assert not keep(replay, body, uid_)
     assert len(replay) == 1
-    assert replay.lookup(encoded(p, "xyz-9")) is not None
-    assert replay.lookup(encoded(p, "xy\\z-9")) is None  # another length: another layout, not kept
+    replayed = replay.answer(encoded(p, "xyz-9"), lambda owner: 0, lambda: 1)
+    assert replayed is not None and replayed.answer == b'{"uid": "xyz-9"}'
+    # another length is another layout, not kept
+    assert replay.answer(encoded(p, "xy\\z-9"), lambda owner: 0, lambda: 1) is None
 
 
 def test_memory_stays_within_the_byte_budget() -> None:
