@@ -16,7 +16,8 @@ Two more variants, each measured beside its own baseline in the same run:
   processes oversubscribing every core, during both phases (tests/e2e/starve.py): the API server is the
   slow part, as in an overloaded production control plane;
 - *unthrottled*: kube-scheduler's clientConnection qps/burst raised to 500/1000 for both phases, so the
-  baseline is no longer capped by the default 50 QPS.
+  baseline is no longer capped by the default 50 QPS; a third phase runs bench/floor_extender.py (no
+  state, the same API writes as tf-extender) in tf-extender's place, the best an extender could do here.
 
 All pods of a phase are created before its scheduler starts; a raw watch stamps each pod when
 ``spec.nodeName`` appears, and throughput is (pods - 1) / (last bind - first bind). The extender's share
@@ -48,6 +49,9 @@ from bench.common import TMP_DIR, BenchResult, Table, Target, console_script, lo
 TARGET_RATIO = 0.8
 VARIANTS = ("contended", "unthrottled")
 VARIANT_TARGETS = {"contended": 0.6, "unthrottled": 0.7}
+# variants that also run the floor extender (bench/floor_extender.py) beside their baseline: where the
+# ratio is bound by CPU, it shows the best ratio any Python extender writing the allocation could reach
+FLOOR_VARIANTS = ("unthrottled",)
 TARGET_FAILED_SHARE = 0.01
 UNTHROTTLED = {"qps": 500, "burst": 1000}
 BASELINE_SCHEDULER = "bench-baseline-scheduler"
@@ -112,6 +116,28 @@ def histogram_quantiles(after: dict[tuple[str, str], float], before: dict[tuple[
 def fetch(url: str, ctx: ssl.SSLContext | None = None) -> str:
     with urllib.request.urlopen(url, timeout=10, context=ctx) as r:
         return str(r.read().decode())
+
+
+def apiserver_requests(cp: Any) -> dict[str, float]:
+    """kube-apiserver's request counts so far, by "VERB resource[/subresource]" (apiserver_request_total,
+    summed over codes, groups and versions)."""
+    try:
+        text = cp._get("/metrics")
+    except Exception as exc:
+        log(f"e2e: cannot read kube-apiserver metrics: {exc!r}")
+        return {}
+    out: dict[str, float] = {}
+    for (_name, labels), value in parse_prometheus(
+            "\n".join(line for line in text.splitlines() if line.startswith("apiserver_request_total{"))
+    ).items():
+        fields = dict(_LABEL.findall(labels))
+        kind = fields.get("resource", "") + (f"/{fields['subresource']}" if fields.get("subresource") else "")
+        key = f"{fields.get('verb', '?')} {kind}"
+        out[key] = out.get(key, 0.0) + value
+    return out
+
+
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 def scheduler_metrics(cp: Any, port: int) -> dict[tuple[str, str], float]:
@@ -270,6 +296,11 @@ def extender_metrics(port: int) -> dict[tuple[str, str], float]:
     return parse_prometheus(fetch(f"http://127.0.0.1:{port}/metrics"))
 
 
+# kwok marks bound pods Running and keeps the nodes' heartbeats; the benchmark's own watch stamps binds.
+# Both share the 2 cores with the scheduling pipeline, so the CPU table counts them too.
+PROCESSES = ("kube-scheduler", "tf-extender", "kube-apiserver", "etcd", "kwok", "benchmark's watch")
+
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process and its reaped children, from /proc (0 when unreadable)."""
     try:
@@ -287,7 +318,7 @@ def _delta(after: dict[tuple[str, str], float], before: dict[tuple[str, str], fl
 
 def run_phase(cluster: Any, name: str, namespace: str, pods: list[dict[str, Any]], config: dict[str, Any],
               timeout: float, extender_port: int | None = None, extender_pid: int | None = None,
-              profile: tuple[int, Path] | None = None,
+              profile: tuple[int, Path] | None = None, kwok_pid: int | None = None,
               conditions: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
               ) -> dict[str, Any]:
     """One phase: create the pods, start a scheduler (under ``conditions``, e.g. a starved API server),
@@ -300,8 +331,10 @@ def run_phase(cluster: Any, name: str, namespace: str, pods: list[dict[str, Any]
     create_pods(api, namespace, pods)
     watch = BindWatch(api, namespace, len(pods))
     ext_before = extender_metrics(extender_port) if extender_port else {}
+    requests_before = apiserver_requests(cluster.cp)
     pids = {"kube-apiserver": cluster.cp.apiserver.pid, "etcd": cluster.cp.etcd.pid,
-            **({"tf-extender": extender_pid} if extender_pid else {})}
+            **({"tf-extender": extender_pid} if extender_pid else {}),
+            **({"kwok": kwok_pid} if kwok_pid else {}), "benchmark's watch": os.getpid()}
     cpu_before = {k: cpu_seconds(p) for k, p in pids.items()}
     with conditions():
         t_start = time.monotonic()
@@ -317,6 +350,7 @@ def run_phase(cluster: Any, name: str, namespace: str, pods: list[dict[str, Any]
                 finished = watch.wait(timeout)
             t_end = time.monotonic()
             cpu = {k: round(cpu_seconds(p) - cpu_before[k], 1) for k, p in pids.items()}
+            requests_after = apiserver_requests(cluster.cp)
         except BaseException:
             sched.stop()
             raise
@@ -341,6 +375,9 @@ def run_phase(cluster: Any, name: str, namespace: str, pods: list[dict[str, Any]
             sched_after, "scheduler_scheduling_algorithm_duration_seconds_sum"), 3),
         "cpu_seconds": cpu,  # from scheduler start to the last bind (or timeout)
         "cpu_span_s": round(t_end - t_start, 2),
+        # every client's requests (the benchmark's own watch and kwok's too), scheduler start to last bind
+        "apiserver_requests": {k: int(v - requests_before.get(k, 0.0)) for k, v in requests_after.items()
+                               if v - requests_before.get(k, 0.0) >= 1},
     }
     tried = out["scheduler_attempts"]
     out["failed_attempts"] = int(tried["unschedulable"] + tried["error"])
@@ -371,7 +408,9 @@ def run_phase(cluster: Any, name: str, namespace: str, pods: list[dict[str, Any]
     return out
 
 
-def start_extender(cluster: Any, port: int, workdir: Path, what_if: bool = False) -> subprocess.Popen[bytes]:
+def start_extender(cluster: Any, port: int, workdir: Path, what_if: bool = False, floor: bool = False
+                   ) -> subprocess.Popen[bytes]:
+    """tf-extender, or (bench-only) its what-if patch or the floor extender, on ``port``."""
     import sys
 
     from bench.common import REPO_ROOT
@@ -380,7 +419,9 @@ def start_extender(cluster: Any, port: int, workdir: Path, what_if: bool = False
     argv = [tool] if tool else [sys.executable, "-m", "extender.cli"]
     if what_if:
         argv = [sys.executable, "-m", "bench.whatif_extender"]
-    name = "tf-extender-whatif.log" if what_if else "tf-extender.log"
+    if floor:
+        argv = [sys.executable, "-m", "bench.floor_extender"]
+    name = "tf-extender-whatif.log" if what_if else "tf-extender-floor.log" if floor else "tf-extender.log"
     logf = open(workdir / name, "wb")  # noqa: SIM115 - closed with the process
     # --no-gpu-reservations: the bench's nodes advertise nvidia.com/gpu for the baseline phase only; GPU
     # reservation pods (for the Cluster Autoscaler) are not what is measured here.
@@ -467,13 +508,13 @@ def run(quick: bool = False, cluster: Any = None, profile: bool = False,
                 log(f"e2e: round {r + 1}/{rounds}: {phase}")
                 if phase == "baseline":
                     res = run_phase(cluster, f"kube-scheduler-baseline-{r}", NAMESPACE_BASE,
-                                    whole_gpu_pods(pods), baseline_cfg, timeout)
+                                    whole_gpu_pods(pods), baseline_cfg, timeout, kwok_pid=kwok.pid)
                     delete_pods(cluster.api, NAMESPACE_BASE)
                 else:
                     spy = (extender.pid, workdir / f"tf-extender-{r}.pyspy.txt") if profile else None
                     res = run_phase(cluster, f"kube-scheduler-tf-{r}", NAMESPACE_TF, fractional_pods(pods),
                                     shipped, timeout, extender_port=port, extender_pid=extender.pid,
-                                    profile=spy)
+                                    profile=spy, kwok_pid=kwok.pid)
                     delete_pods(cluster.api, NAMESPACE_TF)
                 phases[phase].append(res)
         if what_if:
@@ -484,7 +525,7 @@ def run(quick: bool = False, cluster: Any = None, profile: bool = False,
             extender = start_extender(cluster, port, workdir, what_if=True)
             log("e2e: what-if: tf-extender with the profiled fixes patched in (bench/whatif_extender.py)")
             res = run_phase(cluster, "kube-scheduler-tf-whatif", NAMESPACE_TF, fractional_pods(pods), cfg,
-                            timeout, extender_port=port, extender_pid=extender.pid)
+                            timeout, extender_port=port, extender_pid=extender.pid, kwok_pid=kwok.pid)
             delete_pods(cluster.api, NAMESPACE_TF)
             phases["what_if"] = [res]
         for variant in variants:
@@ -499,13 +540,28 @@ def run(quick: bool = False, cluster: Any = None, profile: bool = False,
             log(f"e2e: variant {variant}: baseline")
             phases[f"{variant}:baseline"] = [run_phase(
                 cluster, f"kube-scheduler-baseline-{variant}", NAMESPACE_BASE, whole_gpu_pods(pods), base_cfg,
-                timeout, conditions=conditions)]
+                timeout, conditions=conditions, kwok_pid=kwok.pid)]
             delete_pods(cluster.api, NAMESPACE_BASE)
             log(f"e2e: variant {variant}: tf-extender")
             phases[f"{variant}:tf"] = [run_phase(
                 cluster, f"kube-scheduler-tf-{variant}", NAMESPACE_TF, fractional_pods(pods), tf_cfg, timeout,
-                extender_port=port, extender_pid=extender.pid, conditions=conditions)]
+                extender_port=port, extender_pid=extender.pid, conditions=conditions, kwok_pid=kwok.pid)]
             delete_pods(cluster.api, NAMESPACE_TF)
+            if variant in FLOOR_VARIANTS:
+                # tf-extender stops meanwhile: its watch would otherwise spend CPU on the floor's pods
+                stop_process(extender)
+                floor_port = cpl.free_port()
+                extender = start_extender(cluster, floor_port, workdir, floor=True)
+                log(f"e2e: variant {variant}: floor extender (bench/floor_extender.py, not shipped)")
+                floor_cfg = variant_configs(variant, baseline_cfg, cpl.scheduler_config(
+                    cluster.kubeconfig, f"http://127.0.0.1:{floor_port}/scheduler"))[1]
+                phases[f"{variant}:floor"] = [run_phase(
+                    cluster, f"kube-scheduler-floor-{variant}", NAMESPACE_TF, fractional_pods(pods),
+                    floor_cfg, timeout, extender_port=floor_port, extender_pid=extender.pid,
+                    conditions=conditions, kwok_pid=kwok.pid)]
+                delete_pods(cluster.api, NAMESPACE_TF)
+                stop_process(extender)
+                extender = start_extender(cluster, port, workdir)
     finally:
         if extender is not None:
             stop_process(extender)
@@ -595,7 +651,7 @@ def report(nodes: int, pods: int, phases: dict[str, list[dict[str, Any]]]) -> Be
         v = x.get("cpu_seconds", {}).get(proc)
         return round(1e3 * v / max(1, x["bound"]), 2) if v is not None else None
 
-    for proc in ("kube-scheduler", "tf-extender", "kube-apiserver", "etcd"):
+    for proc in PROCESSES:
         p = tf.get("cpu_seconds", {}).get(proc)
         cpu.add(proc, base.get("cpu_seconds", {}).get(proc), per_pod(base, proc), p, per_pod(tf, proc),
                 ratio(p, tf.get("cpu_span_s")), per_pod(w, proc) if w else None)
@@ -609,15 +665,52 @@ def report(nodes: int, pods: int, phases: dict[str, list[dict[str, Any]]]) -> Be
     cpu.add("all of the above", total(base), total_per_pod(base), total(tf), total_per_pod(tf),
             ratio(total(tf), tf.get("cpu_span_s")), total_per_pod(w) if w else None)
     cpu.notes += ["From /proc/<pid>/stat (user + system) between scheduler start and the last bind. The "
-                  "machine has 2 cores shared by these processes, kwok, the benchmark's own watch and "
-                  "whatever else runs on it: when the sum approaches 2 x wall, scheduling throughput is "
-                  "bounded by the CPU all processes spend per pod, not by any one of them. The baseline "
-                  "is capped by kube-scheduler's client rate limit (50 QPS) instead."]
+                  "machine has 2 cores shared by these processes and whatever else runs on it: when the "
+                  "sum approaches 2 x wall, scheduling throughput is bounded by the CPU all processes "
+                  "spend per pod, not by any one of them. kwok's share is mostly its own pace (node "
+                  "heartbeats, pods marked Running as it gets to them), so it grows with the phase's "
+                  "length. The baseline is capped by kube-scheduler's client rate limit (50 QPS) instead."]
     data = {"nodes": nodes, "pods": pods, "rounds": phases, "baseline": base, "tf": tf, "ratio": r}
     variants, targets = variants_table(pods, phases, base, tf)
+    requests = requests_table(phases, base, tf)
     failed = Target("failed scheduling attempts / pods (shipped)", ratio(tf.get("failed_attempts"), pods),
                     "<=", TARGET_FAILED_SHARE)
-    return BenchResult("e2e", data, [t, share, cpu, variants], [target, failed, *targets])
+    return BenchResult("e2e", data, [t, share, cpu, variants, requests], [target, failed, *targets])
+
+
+def cpu_ratio(base: dict[str, Any], project: dict[str, Any]) -> float | None:
+    """Baseline CPU per bound pod / project CPU per bound pod, every measured process summed."""
+    def per_pod(x: dict[str, Any]) -> float:
+        return float(sum(x.get("cpu_seconds", {}).values())) / max(1, int(x["bound"]))
+
+    return ratio(per_pod(base), per_pod(project)) if base.get("cpu_seconds") else None
+
+
+def requests_table(phases: dict[str, list[dict[str, Any]]], base: dict[str, Any], tf: dict[str, Any]
+                   ) -> Table:
+    """kube-apiserver requests per bound pod, by verb and resource, for each phase beside its baseline."""
+    pairs = [("shipped", base, tf)] + [
+        (v, phases[f"{v}:baseline"][0], phases[f"{v}:tf"][0]) for v in VARIANTS if f"{v}:tf" in phases]
+    columns = [(f"{name} {side}", x) for name, b, t in pairs for side, x in (("base", b), ("project", t))]
+    columns += [(f"{v} floor", phases[f"{v}:floor"][0]) for v in FLOOR_VARIANTS if f"{v}:floor" in phases]
+
+    def per_pod(x: dict[str, Any], key: str) -> float:
+        return float(x.get("apiserver_requests", {}).get(key, 0)) / max(1, int(x["bound"]))
+
+    keys = sorted({k for _, x in columns for k in x.get("apiserver_requests", {})})
+    shown = [k for k in keys if any(per_pod(x, k) >= 0.02 for _, x in columns)]
+    table = Table("kube-apiserver requests per bound pod (every client), by verb and resource",
+                  ["request", *(label for label, _ in columns)])
+    for key in sorted(shown, key=lambda k: -max(per_pod(x, k) for _, x in columns)):
+        table.add(key, *(round(per_pod(x, key), 3) for _, x in columns))
+    table.add("all requests", *(round(sum(x.get("apiserver_requests", {}).values()) / max(1, x["bound"]), 3)
+                                for _, x in columns))
+    table.notes += [
+        "From kube-apiserver's apiserver_request_total between scheduler start and the last bind, so the "
+        "benchmark's own watch, kwok (pod status, node heartbeats) and the controllers are in it as well. "
+        "Rows under 0.02 per pod in every phase are left out of the table but counted in the last row.",
+    ]
+    return table
 
 
 def variants_table(pods: int, phases: dict[str, list[dict[str, Any]]], base: dict[str, Any],
@@ -625,9 +718,10 @@ def variants_table(pods: int, phases: dict[str, list[dict[str, Any]]], base: dic
     """One row per variant (the shipped configuration first): both phases side by side."""
     table = Table("Variants: each project phase beside its own baseline, same run",
                   ["variant", "baseline pods/s", "project pods/s", "ratio", "target", "met",
+                   "CPU ratio",
                    "failed attempts base / project", "bind p50 / p99 s base", "bind p50 / p99 s project",
-                   "CPU ms/pod base: sched, apiserver, etcd",
-                   "CPU ms/pod project: sched, extender, apiserver, etcd"])
+                   "CPU ms/pod base: sched, apiserver, etcd, kwok",
+                   "CPU ms/pod project: sched, extender, apiserver, etcd, kwok"])
     targets: list[Target] = []
     rows = [("shipped", base, tf)] + [
         (v, phases[f"{v}:baseline"][0], phases[f"{v}:tf"][0]) for v in VARIANTS if f"{v}:tf" in phases]
@@ -640,22 +734,33 @@ def variants_table(pods: int, phases: dict[str, list[dict[str, Any]]], base: dic
     def p(x: dict[str, Any]) -> str:
         return f"{x.get('bind_p50_s')} / {x.get('bind_p99_s')}"
 
+    rows += [(f"{v}, floor extender (bench-only)", phases[f"{v}:baseline"][0], phases[f"{v}:floor"][0])
+             for v in FLOOR_VARIANTS if f"{v}:floor" in phases]
     for name, b, t in rows:
         r = ratio(t["pods_per_s"], b["pods_per_s"])
+        floor = "floor" in name
         limit = VARIANT_TARGETS.get(name, TARGET_RATIO)
         target = Target(f"end-to-end pods/s ratio, {name}", r, ">=", limit)
-        if name != "shipped":
+        if name != "shipped" and not floor:
             targets.append(target)
             targets.append(Target(f"failed scheduling attempts / pods, {name}",
                                   ratio(t.get("failed_attempts"), pods), "<=", TARGET_FAILED_SHARE))
-        table.add(name, b["pods_per_s"], t["pods_per_s"], r, f">= {limit}", target.verdict(),
+        table.add(name, b["pods_per_s"], t["pods_per_s"], r, "" if floor else f">= {limit}",
+                  "" if floor else target.verdict(), cpu_ratio(b, t),
                   f"{b.get('failed_attempts')} / {t.get('failed_attempts')}", p(b), p(t),
-                  ms(b, ("kube-scheduler", "kube-apiserver", "etcd")),
-                  ms(t, ("kube-scheduler", "tf-extender", "kube-apiserver", "etcd")))
+                  ms(b, ("kube-scheduler", "kube-apiserver", "etcd", "kwok")),
+                  ms(t, ("kube-scheduler", "tf-extender", "kube-apiserver", "etcd", "kwok")))
     table.notes += [
         "contended: kube-apiserver and etcd reniced to 19 (every thread, kept so) and two busy-loop "
         "processes per core at the benchmark's own priority, from scheduler start to the last bind of each "
         "phase (tests/e2e/starve.py). unthrottled: clientConnection qps 500, burst 1000 for both phases.",
+        "CPU ratio: the baseline's CPU per bound pod over the project's, all processes of the CPU table "
+        "summed; where it matches the pods/s ratio, both phases were bound by the machine's CPU.",
+        "floor extender: bench/floor_extender.py in the project phase (same configuration, pods and "
+        "nodes): no state, filter answers the first candidate node, bind posts the same Binding (with "
+        "annotations of the same keys and lengths) and the same Event as tf-extender through the same client "
+        "code. Its ratio is what the extender protocol and the pod contract leave to any Python extender "
+        "that writes the allocation.",
         "bind p50/p99: the extender's bind handler time (tf_extender_request_duration_seconds, verb=bind) "
         "for the project; kube-scheduler's Bind extension point for the baseline; interpolated in the "
         "histogram buckets. A figure equal to the largest finite bucket (0.2048 s for kube-scheduler's) "
