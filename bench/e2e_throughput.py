@@ -350,12 +350,12 @@ def run_phase(cluster: Any, name: str, namespace: str, pods: list[dict[str, Any]
                 finished = watch.wait(timeout)
             t_end = time.monotonic()
             cpu = {k: round(cpu_seconds(p) - cpu_before[k], 1) for k, p in pids.items()}
-            requests_after = apiserver_requests(cluster.cp)
         except BaseException:
             sched.stop()
             raise
     try:  # scraped after the conditions end: a starved API server authorizes the scrape slowly
         sched_after = scheduler_metrics(cluster.cp, sched.port)
+        requests_after = apiserver_requests(cluster.cp) if requests_before else {}
         ext_after = extender_metrics(extender_port) if extender_port else {}
     finally:
         sched.stop()
@@ -375,7 +375,8 @@ def run_phase(cluster: Any, name: str, namespace: str, pods: list[dict[str, Any]
             sched_after, "scheduler_scheduling_algorithm_duration_seconds_sum"), 3),
         "cpu_seconds": cpu,  # from scheduler start to the last bind (or timeout)
         "cpu_span_s": round(t_end - t_start, 2),
-        # every client's requests (the benchmark's own watch and kwok's too), scheduler start to last bind
+        # every client's requests (the benchmark's own watch and kwok's too), from scheduler start to just
+        # after the last bind (the scrape waits for the end of a starved phase's conditions)
         "apiserver_requests": {k: int(v - requests_before.get(k, 0.0)) for k, v in requests_after.items()
                                if v - requests_before.get(k, 0.0) >= 1},
     }
@@ -706,8 +707,9 @@ def requests_table(phases: dict[str, list[dict[str, Any]]], base: dict[str, Any]
     table.add("all requests", *(round(sum(x.get("apiserver_requests", {}).values()) / max(1, x["bound"]), 3)
                                 for _, x in columns))
     table.notes += [
-        "From kube-apiserver's apiserver_request_total between scheduler start and the last bind, so the "
-        "benchmark's own watch, kwok (pod status, node heartbeats) and the controllers are in it as well. "
+        "From kube-apiserver's apiserver_request_total from just before scheduler start to just after the "
+        "last bind, so the benchmark's own watch, kwok (pod status, node heartbeats) and the controllers "
+        "are in it as well. "
         "Rows under 0.02 per pod in every phase are left out of the table but counted in the last row.",
     ]
     return table
