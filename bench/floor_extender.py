@@ -24,6 +24,7 @@ from aiohttp import web
 
 from bench.fixtures import gpu_name
 from extender.contract import ALLOCATED, GPU_IDS, POD_INDEX
+from extender.eventloop import run
 from extender.kube.aio import AsyncKube
 from extender.kube.client import load_api_client
 from extender.kube.events import EventRecorder
@@ -80,7 +81,7 @@ async def serve(port: int, kubeconfig: str) -> None:
     app.router.add_post(f"{PREFIX}/prioritize", floor.prioritize)
     app.router.add_post(f"{PREFIX}/bind", floor.bind)
     app.router.add_get("/readyz", floor.ready)
-    app.router.add_get("/metrics", floor.ready)
+    app.router.add_get("/metrics", floor.ready)  # no metrics: the benchmark reads it as none
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--kubeconfig", required=True)
     args, _ = parser.parse_known_args(argv)
-    asyncio.run(serve(args.port, args.kubeconfig))
+    run(serve(args.port, args.kubeconfig))  # the loop tf-extender runs on (uvloop)
 
 
 if __name__ == "__main__":
