@@ -661,7 +661,8 @@ def report(nodes: int, pods: int, phases: dict[str, list[dict[str, Any]]]) -> Be
         return round(sum(x.get("cpu_seconds", {}).values()), 1)
 
     def total_per_pod(x: dict[str, Any]) -> float | None:
-        return round(1e3 * total(x) / max(1, x["bound"]), 2) if x.get("cpu_seconds") else None
+        per_pod = cpu_ms_per_pod(x)
+        return round(per_pod, 2) if per_pod is not None else None
 
     cpu.add("all of the above", total(base), total_per_pod(base), total(tf), total_per_pod(tf),
             ratio(total(tf), tf.get("cpu_span_s")), total_per_pod(w) if w else None)
@@ -679,12 +680,16 @@ def report(nodes: int, pods: int, phases: dict[str, list[dict[str, Any]]]) -> Be
     return BenchResult("e2e", data, [t, share, cpu, variants, requests], [target, failed, *targets])
 
 
-def cpu_ratio(base: dict[str, Any], project: dict[str, Any]) -> float | None:
-    """Baseline CPU per bound pod / project CPU per bound pod, every measured process summed."""
-    def per_pod(x: dict[str, Any]) -> float:
-        return float(sum(x.get("cpu_seconds", {}).values())) / max(1, int(x["bound"]))
+def cpu_ms_per_pod(x: dict[str, Any]) -> float | None:
+    """A phase's CPU milliseconds per bound pod, every measured process summed (None when not measured)."""
+    if not x.get("cpu_seconds"):
+        return None
+    return 1e3 * float(sum(x["cpu_seconds"].values())) / max(1, int(x["bound"]))
 
-    return ratio(per_pod(base), per_pod(project)) if base.get("cpu_seconds") else None
+
+def cpu_ratio(base: dict[str, Any], project: dict[str, Any]) -> float | None:
+    """Baseline CPU per bound pod / project CPU per bound pod."""
+    return ratio(cpu_ms_per_pod(base), cpu_ms_per_pod(project))
 
 
 def requests_table(phases: dict[str, list[dict[str, Any]]], base: dict[str, Any], tf: dict[str, Any]
