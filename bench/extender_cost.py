@@ -1,7 +1,7 @@
 """Extender cost vs cluster size: filter, prioritize and bind's GPU choice, in-process and over HTTP.
 
 Clusters of 100, 1,000 and 5,000 nodes with 8 GPUs each, 10 / 50 / 90 % allocated by bound pods, fed to
-``extender.state.ClusterState`` the way the watches feed it. Requests are node-cache-capable
+``extender.scheduling.state.ClusterState`` the way the watches feed it. Requests are node-cache-capable
 (``NodeNames``), as the shipped scheduler configuration sends them.
 
 Two regimes, because the state caches filter verdicts per request shape and node:
@@ -34,7 +34,7 @@ from typing import Any
 
 from bench import fixtures
 from bench.common import BenchResult, Table, Target, log, quick_mode, ratio, summary_ms, time_calls
-from extender.state import ClusterState, Kind
+from extender.scheduling.state import ClusterState, Kind
 
 SIZES = (100, 1000, 5000)
 ALLOCATIONS = (0.1, 0.5, 0.9)
@@ -150,8 +150,8 @@ async def _http_verbs(state: ClusterState, all_names: list[str], pods: Iterator[
     from aiohttp import ClientSession
     from aiohttp.test_utils import TestServer
 
-    from extender.metrics import Metrics
-    from extender.server import Handlers, create_app
+    from extender.server.app import Handlers, create_app
+    from extender.server.metrics import Metrics
 
     cls = handlers_cls or Handlers
     handlers = cls(state, None, Metrics(), unsynced=lambda: [], first_choice_only=first_choice)
@@ -416,11 +416,11 @@ def report(cases: list[dict[str, Any]], rss: dict[str, Any], quick: bool) -> Ben
                    "(the first pod of a new shape, or more than 64 shapes in flight: the cache holds 64).",
                    "state build s: time to apply every Node, GPU and bound Pod object (the restart rebuild)."]
     http.notes += [
-        "The same steady stream through extender.server.create_app on an aiohttp test server; the client "
+        "The same steady stream through extender.server.app.create_app on an aiohttp test server; the client "
         "runs in the same process (bodies pre-encoded, one keep-alive connection), so the figures include "
         "both ends of the loopback HTTP exchange. bind over HTTP needs an API server and is measured end "
         "to end in the e2e benchmark.",
-        "what-if rows (bench-only subclass of extender.server.Handlers): prioritize answers "
+        "what-if rows (bench-only subclass of extender.server.app.Handlers): prioritize answers "
         "[{\"Host\": h, \"Score\": s}, ...] instead of building one pydantic HostPriority per node "
         "(the hot path of prioritize over HTTP).",
     ]

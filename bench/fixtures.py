@@ -14,7 +14,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
-from extender import contract
+from extender.common import contract
 
 GI = 1 << 30
 POOL = "bench-pool"

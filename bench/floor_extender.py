@@ -23,8 +23,8 @@ import orjson
 from aiohttp import web
 
 from bench.fixtures import gpu_name
-from extender.contract import ALLOCATED, GPU_IDS, POD_INDEX
-from extender.eventloop import run
+from extender.common.contract import ALLOCATED, GPU_IDS, POD_INDEX
+from extender.common.eventloop import run
 from extender.kube.aio import AsyncKube
 from extender.kube.client import load_api_client
 from extender.kube.events import EventRecorder

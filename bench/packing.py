@@ -7,7 +7,7 @@ Two clusters, both 8 GPUs per node:
 - one model per node: nodes of B200, H100, L40S and A100 in turn; 40 % of the pods pin a ``gpu-model``.
 
 Pods mix the five shapes of that benchmark uniformly at random (seeded): single-GPU 20 TFLOPS/4Gi,
-40/8Gi, 100/16Gi; two-GPU 30/4Gi and 200/32Gi. ``extender.simulate`` places them in order, each on the
+40/8Gi, 100/16Gi; two-GPU 30/4Gi and 200/32Gi. ``extender.simulate_cmd`` places them in order, each on the
 node the extender ranks first. The same trace with whole GPUs (isolation ``shared``: no sharing) shows
 what device-plugin style allocation would need.
 """
@@ -179,7 +179,7 @@ def size_aware_state(mode: str) -> Any:
     """What-if (not the product): pods without a gpu-model rank the largest nodes (GPU VRAM) first and
     only then by the mode's load order; pinned pods keep the mode's order. Used to test why CompactFirst
     misses the bound when models are pinned."""
-    from extender.state import ClusterState
+    from extender.scheduling.state import ClusterState
 
     class SizeAware(ClusterState):
         def rank(self, pod: dict[str, Any], node_names: Sequence[str]) -> list[str]:
@@ -194,7 +194,7 @@ def size_aware_state(mode: str) -> Any:
 
 
 def run_one(s: Scenario, mode: str, whole_gpu: bool, what_if: bool = False) -> dict[str, Any]:
-    from extender.simulate import load_cluster, place, simulate_with_state
+    from extender.simulate_cmd import load_cluster, place, simulate_with_state
 
     pods = trace_pods(s.trace, whole_gpu)
     if what_if:

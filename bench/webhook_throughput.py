@@ -262,8 +262,8 @@ def breakdown(repeat: int) -> dict[str, float]:
     import orjson
 
     from bench.common import time_calls
-    from extender.batched_log import BatchedLog
-    from extender.logs import JsonFormatter
+    from extender.common.batched_log import BatchedLog
+    from extender.common.logs import JsonFormatter
     from webhook.admission import admit, allow, encode_review, parse_review
     from webhook.memo import MutationCache
     from webhook.replay import ReviewReplay

@@ -29,7 +29,7 @@ PATCHES = ("pending-index-by-node", "count-rejections-once", "bind-pool")
 
 
 def patch_pending_index() -> None:
-    from extender import state as st
+    from extender.scheduling import state as st
 
     def index(self: Any) -> dict[str, set[str]]:
         by_node: dict[str, set[str]] | None = self.__dict__.get("_whatif_reserved_by_node")
@@ -87,7 +87,7 @@ def patch_pending_index() -> None:
 
 
 def patch_count_rejections() -> None:
-    from extender import metrics
+    from extender.server import metrics
 
     classify = lru_cache(maxsize=4096)(metrics.reason_class)
 

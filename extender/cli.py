@@ -9,11 +9,11 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from extender import eventloop
-from extender.expansion import config as expansion_config
-from extender.expansion import provisioner as autoscaler_config
-from extender.lifecycle import config as capacity_config
-from extender.state import InventorySource
+from extender.common import eventloop
+from extender.controllers.capacity import config as capacity_config
+from extender.controllers.expansion import config as expansion_config
+from extender.controllers.expansion import provisioner as autoscaler_config
+from extender.scheduling.state import InventorySource
 
 if TYPE_CHECKING:
     from extender.service import ExtenderService
@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     simulate = commands.add_parser("simulate", help="place pods on a cluster snapshot, offline")
     try:
-        from extender.simulate import add_simulate_arguments
+        from extender.simulate_cmd import add_simulate_arguments
     except ImportError:  # the simulator ships separately from the server
         simulate.set_defaults(simulate_missing=True)
     else:
@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_status_arguments(status)
 
-    from extender.plan.cli import add_plan_arguments
+    from extender.plan_cmd import add_plan_arguments
 
     add_plan_arguments(commands.add_parser(
         "plan", help="print, as JSON lines, what the capacity controllers would do now on a snapshot"))
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "simulate_missing", False):
             print("tf-extender: the simulator is not installed", file=sys.stderr)
             return 2
-        from extender.simulate import main_simulate
+        from extender.simulate_cmd import main_simulate
 
         return int(main_simulate(args))
     if args.command == "status":
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return main_status(args)
     if args.command == "plan":
-        from extender.plan.cli import main_plan
+        from extender.plan_cmd import main_plan
 
         return main_plan(args)
     return serve(args)
@@ -118,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(args: argparse.Namespace) -> int:
     from certs.authority import CertificateError
-    from extender.gpustatus import StatusSettings
+    from extender.common.logs import setup_logging
+    from extender.controllers.gpustatus import StatusSettings
     from extender.kube.client import KubeConfigError, load_api_client
-    from extender.logs import setup_logging
     from extender.service import ExtenderService, Settings
 
     setup_logging(args.log_level)

@@ -25,30 +25,29 @@ from typing import Any
 from aiohttp import web
 from kubernetes import client
 
-from extender.binder import Binder, bind_log
-from extender.contract import COMPONENT_LABEL, COMPONENT_WORKER
-from extender.defrag.kubeport import kube_defragmenter
-from extender.defrag.runner import Defragmenter
-from extender.expansion.config import ExpansionConfig
-from extender.expansion.kubeport import SharedCaches, kube_expander
-from extender.expansion.lease import LeaseKeeper
-from extender.expansion.placeholder_port import attach_placeholders
-from extender.expansion.provisioner import AutoscalerConfig
-from extender.gpustatus import GPUStatusWriter, KubeStatusApi, StatusSettings
+from extender.common.contract import COMPONENT_LABEL, COMPONENT_WORKER
+from extender.controllers.capacity.config import CapacityConfig
+from extender.controllers.capacity.loop import CapacityControllers
+from extender.controllers.defrag.port import kube_defragmenter
+from extender.controllers.defrag.runner import Defragmenter
+from extender.controllers.expansion.config import ExpansionConfig
+from extender.controllers.expansion.placeholder_port import attach_placeholders
+from extender.controllers.expansion.port import SharedCaches, kube_expander
+from extender.controllers.expansion.provisioner import AutoscalerConfig
+from extender.controllers.expansion.reservations import ReservationKeeper
+from extender.controllers.gpustatus import GPUStatusWriter, KubeStatusApi, StatusSettings
+from extender.controllers.nudge import SchedulerNudger
+from extender.controllers.preemptor import Preemptor
 from extender.kube import resources
 from extender.kube.aio import AsyncKube
 from extender.kube.events import EventRecorder
 from extender.kube.informer import WatchCache
+from extender.kube.lease import LeaseKeeper
 from extender.kube.pods import KubePodApi
-from extender.ledger import Allocation, Distrust
-from extender.lifecycle.config import CapacityConfig
-from extender.lifecycle.controllers import CapacityControllers
-from extender.metrics import Metrics, NodeUse, PoolUse
-from extender.nudge import SchedulerNudger
-from extender.pdb import PdbGuard
-from extender.preemptor import Preemptor
-from extender.reservations import ReservationKeeper
-from extender.server import (
+from extender.scheduling.ledger import Allocation, Distrust
+from extender.scheduling.pdb import PdbGuard
+from extender.scheduling.state import ClusterState, InventorySource, Kind
+from extender.server.app import (
     DEFAULT_BIND_DEADLINE,
     DEFAULT_DEADLINE,
     DEFAULT_PREFIX,
@@ -57,8 +56,9 @@ from extender.server import (
     create_app,
     create_monitoring_app,
 )
-from extender.state import ClusterState, InventorySource, Kind
-from extender.stranded import StrandedCollector
+from extender.server.binder import Binder, bind_log
+from extender.server.metrics import Metrics, NodeUse, PoolUse
+from extender.server.stranded import StrandedCollector
 
 log = logging.getLogger(__name__)
 

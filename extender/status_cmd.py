@@ -17,12 +17,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from extender.contract import COMPONENT_LABEL, COMPONENT_WORKER, POOL_LABEL, ContractError
-from extender.expansion.claims import EXPANSION_LABEL, EXPANSION_POD_ANNOTATION
-from extender.gpustatus import PoolTotals, node_parts, tflops_text, vram_text
+from extender.common.contract import COMPONENT_LABEL, COMPONENT_WORKER, POOL_LABEL, ContractError
+from extender.controllers.expansion.nodeclaim import EXPANSION_LABEL, EXPANSION_POD_ANNOTATION
+from extender.controllers.gpustatus import PoolTotals, node_parts, tflops_text, vram_text
 from extender.kube import resources
 from extender.kube.resources import Resource
-from extender.state import ClusterState, Kind, PlacementError, pod_key
+from extender.scheduling.state import ClusterState, Kind, PlacementError, pod_key
 
 NO_POOL = "-"
 DEFAULT_PROVISIONING = "AutoSelect"

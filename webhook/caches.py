@@ -7,9 +7,9 @@ import asyncio
 from collections.abc import Hashable, Mapping
 from typing import Any, Protocol, cast
 
+from extender.common.tasks import cancel_and_wait
 from extender.kube.informer import WatchCache
 from extender.kube.resources import GPU_POOLS, SCHEDULING_CONFIG_TEMPLATES, WORKLOAD_PROFILES
-from extender.tasks import cancel_and_wait
 from webhook.owners import OwnerCache, OwnerKey, api_fetcher, owners_of
 from webhook.view import ClusterView, KubeObject, pick_default_pool
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from extender import eventloop
-from extender.logs import setup_logging
+from extender.common import eventloop
+from extender.common.logs import setup_logging
 from webhook.karpenter import DoNotDisruptSwitch, Mode, api_probe, running
 from webhook.mutation import mutate
 from webhook.server import (

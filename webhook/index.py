@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from extender.contract import MAX_POD_INDEX
+from extender.common.contract import MAX_POD_INDEX
 
 
 class IndexAllocator:

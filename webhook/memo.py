@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from extender.contract import GPURequest
+from extender.common.contract import GPURequest
 from webhook.mutation import Denial, is_opted_in, mutate, set_index
 from webhook.patch import PatchOp, diff
 from webhook.view import ClusterView, KubeObject

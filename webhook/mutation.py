@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from extender.contract import (
+from extender.common.contract import (
     AUTOSCALE,
     AUTOSCALE_TARGET,
     BIND_TIME_ANNOTATIONS,
@@ -41,9 +41,9 @@ from extender.contract import (
     profile_annotations,
     render_annotations,
 )
+from extender.kube.selectors import SelectorError, matches
 from webhook.karpenter import add_do_not_disrupt
 from webhook.patch import PatchOp, diff
-from webhook.selector import SelectorError, matches
 from webhook.view import ClusterView, KubeObject, name_of
 from webhook.workload import label_value, workload_name
 

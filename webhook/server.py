@@ -15,8 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
-from extender.batched_log import BatchedLog
-from extender.logs import describe_exception, one_line_server_errors
+from extender.common.batched_log import BatchedLog
+from extender.common.logs import describe_exception, one_line_server_errors
 from webhook.admission import (
     Decision,
     Outcome,

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from extender.contract import DEFAULT_POOL_ANNOTATION
+from extender.common.contract import DEFAULT_POOL_ANNOTATION
 
 KubeObject = dict[str, Any]
 

@@ -24,10 +24,10 @@ from typing import Any
 
 from kubernetes import client
 
+from extender.common.tasks import cancel_and_wait
 from extender.kube.aio import AsyncKube
 from extender.kube.client import api_call, error_message, error_status, request_json
 from extender.kube.resources import EVENTS, collection_path, object_path
-from extender.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 

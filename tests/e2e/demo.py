@@ -264,8 +264,8 @@ def print_report(api: Any, results: list[Result]) -> None:
 
 def node_utilisation(api: Any) -> list[tuple[str, ...]]:
     """Per node, from the stored objects: GPUs in use and allocated TFLOPS / VRAM (requests x GPUs)."""
-    from extender.contract import parse_gpu_ids, parse_request
-    from extender.quantity import parse_quantity
+    from extender.common.contract import parse_gpu_ids, parse_request
+    from extender.common.quantity import parse_quantity
 
     custom = client.CustomObjectsApi(api)
     gpus = {g["metadata"]["name"]: g["status"]

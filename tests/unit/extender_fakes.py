@@ -8,7 +8,7 @@ from typing import Any
 
 from kubernetes.client import ApiException
 
-from extender.contract import GPU_IDS
+from extender.common.contract import GPU_IDS
 
 POOL = "pool-a"
 

@@ -12,13 +12,13 @@ import pytest
 from extender_fakes import POOL, Events, FakeApi, Pods, gpu, pod
 from kubernetes.client import ApiException
 
-from extender import binder as binder_module
-from extender.batched_log import BatchedLog
-from extender.binder import Binder, bind_annotations, describe_allocation
-from extender.contract import ALLOCATED, GPU_IDS, POD_INDEX, GPURequest
+from extender.common.batched_log import BatchedLog
+from extender.common.contract import ALLOCATED, GPU_IDS, POD_INDEX, GPURequest
 from extender.kube.aio import NotSent, UnknownOutcome
-from extender.protocol import ExtenderBindingArgs
-from extender.state import ClusterState, Kind
+from extender.scheduling.state import ClusterState, Kind
+from extender.server import binder as binder_module
+from extender.server.binder import Binder, bind_annotations, describe_allocation
+from extender.server.protocol import ExtenderBindingArgs
 
 
 def cluster() -> ClusterState:

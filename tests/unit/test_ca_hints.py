@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from extender.contract import index_resource_names
+from extender.common.contract import index_resource_names
 
 HINTS = Path(__file__).resolve().parents[2] / "manifests" / "optional" / "cluster-autoscaler" / \
     "node-template-hints.yaml"

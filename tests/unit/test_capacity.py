@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender.capacity.amounts import Amount, CapacityError, parse_amount
-from extender.capacity.catalog import DEFAULT_CATALOG, Catalog, parse_catalog
-from extender.capacity.choose import MAX_PER_RECONCILE, Offering, cheapest, offerings
-from extender.capacity.gaps import PoolCapacity, gap, room
-from extender.capacity.pool import ProvisioningMode, Requirement, parse_duration, pool_config
+from extender.planning.amounts import Amount, CapacityError, parse_amount
+from extender.planning.catalog import DEFAULT_CATALOG, Catalog, parse_catalog
+from extender.planning.gaps import PoolCapacity, gap, room
+from extender.planning.offerings import MAX_PER_RECONCILE, Offering, cheapest, offerings
+from extender.planning.pool import ProvisioningMode, Requirement, parse_duration, pool_config
 
 GI = 1 << 30
 T = Fraction

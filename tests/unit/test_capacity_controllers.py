@@ -9,16 +9,16 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from extender.capacity.catalog import parse_catalog
-from extender.capacity.choose import offerings
-from extender.capacity.claims import gpunodeclaim_body, nodeclaim_body
-from extender.capacity.pool import pool_config
+from extender.controllers.capacity.compactor import Compactor, CompactorMetrics
+from extender.controllers.capacity.config import CapacityConfig
+from extender.controllers.capacity.gpunodeclaim import gpunodeclaim_body, nodeclaim_body
+from extender.controllers.capacity.launcher import Provisioner, ProvisionerMetrics
+from extender.controllers.capacity.port import LiveView
 from extender.kube.resources import GPU_NODE_CLAIMS, GPU_POOLS, NODECLAIMS, NODES
-from extender.lifecycle.compactor import Compactor, CompactorMetrics
-from extender.lifecycle.config import CapacityConfig
-from extender.lifecycle.live import LiveView
-from extender.lifecycle.provisioner import Provisioner, ProvisionerMetrics
-from extender.state import ClusterState, Kind
+from extender.planning.catalog import parse_catalog
+from extender.planning.offerings import offerings
+from extender.planning.pool import pool_config
+from extender.scheduling.state import ClusterState, Kind
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 REF = {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "version": "v1alpha1", "name": "default"}
@@ -203,7 +203,7 @@ async def test_missing_nodeclass_is_an_event_and_no_claim(catalog_file: str, cap
     port = FakePort()
     view = view_of(port, [karpenter_pool(minResources={"tflops": 150})], tmp_catalog=catalog_file)
     provisioner = Provisioner(view, port, ProvisionerMetrics(CollectorRegistry()))  # type: ignore[arg-type]
-    caplog.set_level("INFO", logger="extender.lifecycle.provisioner")
+    caplog.set_level("INFO", logger="extender.controllers.capacity.launcher")
     await provisioner.reconcile(NOW)
     await provisioner.reconcile(NOW)  # the same skip again: logged once, evented (folded by the recorder)
     logged = [r.plan for r in caplog.records if r.getMessage() == "plan"]
@@ -228,8 +228,8 @@ async def test_failed_nodeclaim_create_deletes_the_gpunodeclaim(catalog_file: st
 
 
 def test_gpu_model_becomes_a_valid_label_value() -> None:
-    from extender.capacity.claims import label_value
-    from extender.gpu_models import lookup
+    from extender.controllers.capacity.gpunodeclaim import label_value
+    from extender.scheduling.gpu_models import lookup
 
     assert label_value("A100 80GB") == "A100-80GB" and lookup("A100-80GB").model == "A100 80GB"
     assert label_value("RTX 6000 Ada") == "RTX-6000-Ada" and label_value(" x ") == "x"
@@ -422,8 +422,8 @@ async def test_a_released_node_no_longer_counts_before_the_caches_catch_up(catal
 
 
 async def test_a_pod_of_a_karpenter_pool_that_fits_nowhere_wakes_the_provisioner() -> None:
-    from extender.lifecycle.controllers import CapacityControllers
-    from extender.state import FilterOutcome
+    from extender.controllers.capacity.loop import CapacityControllers
+    from extender.scheduling.state import FilterOutcome
 
     async def ready() -> None:
         return None

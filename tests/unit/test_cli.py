@@ -15,8 +15,8 @@ from extender_fakes import gpu
 from kubernetes import client
 
 from extender import cli
+from extender.scheduling.state import InventorySource
 from extender.service import POD_SELECTOR, ExtenderService, Settings
-from extender.state import InventorySource
 
 
 def test_serve_flags_and_defaults() -> None:
@@ -49,17 +49,17 @@ def test_unreadable_kubeconfig_is_reported(tmp_path: Any, capsys: pytest.Capture
 
 def test_simulate_is_dispatched_to_the_simulator(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Any] = []
-    fake = types.ModuleType("extender.simulate")
+    fake = types.ModuleType("extender.simulate_cmd")
     fake.add_simulate_arguments = lambda parser: parser.add_argument("--cluster")  # type: ignore[attr-defined]
     fake.main_simulate = lambda args: seen.append(args.cluster) or 0  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "extender.simulate", fake)
+    monkeypatch.setitem(sys.modules, "extender.simulate_cmd", fake)
     assert cli.main(["simulate", "--cluster", "c.yaml"]) == 0
     assert seen == ["c.yaml"]
 
 
 def test_simulate_without_the_simulator_says_so(monkeypatch: pytest.MonkeyPatch,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(sys.modules, "extender.simulate", None)
+    monkeypatch.setitem(sys.modules, "extender.simulate_cmd", None)
     assert cli.main(["simulate"]) == 2
     assert "simulator" in capsys.readouterr().err
 
@@ -169,7 +169,7 @@ async def test_service_serves_https_from_the_cert_dir(aiohttp_server: Any, unuse
 def test_logs_are_json_lines_with_extra_fields(capsys: pytest.CaptureFixture[str]) -> None:
     import logging
 
-    from extender.logs import setup_logging
+    from extender.common.logs import setup_logging
 
     setup_logging("info")
     logging.getLogger("extender.test").info("bound", extra={"pod": "ml/a", "node": "n1"})

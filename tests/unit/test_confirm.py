@@ -15,9 +15,9 @@ import pytest
 from extender_fakes import Events, FakeApi, Pods, gpu, pod
 from kubernetes.client import ApiException
 
-from extender.binder import Binder
-from extender.protocol import ExtenderBindingArgs
-from extender.state import ClusterState, Kind, PlacementError
+from extender.scheduling.state import ClusterState, Kind, PlacementError
+from extender.server.binder import Binder
+from extender.server.protocol import ExtenderBindingArgs
 
 GRACE = 0.05
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender import contract as c
-from extender.contract import (
+from extender.common import contract as c
+from extender.common.contract import (
     AutoscaleTarget,
     ContractError,
     Isolation,

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from extender.defrag.config import DefragConfigError, parse_config, parse_duration
+from extender.controllers.defrag.config import DefragConfigError, parse_config, parse_duration
 
 
 def pool(**defrag: object) -> dict:

@@ -10,8 +10,9 @@ import pytest
 import yaml
 from defrag_fixtures import NOW_TEXT, TF, four_nodes, gpus, node, pdb, pool, room_for_one, worker
 
-from extender.defrag.config import parse_config
-from extender.defrag.plan import (
+from extender.controllers.defrag.config import parse_config
+from extender.controllers.defrag.offline import plan_defrag
+from extender.controllers.defrag.plan import (
     SkipReason,
     Snapshot,
     candidate_nodes,
@@ -19,18 +20,17 @@ from extender.defrag.plan import (
     pool_nodes,
     selector_matches,
 )
-from extender.plan import plan
-from extender.plan.cli import snapshot_inputs
-from extender.plan.defrag import plan_defrag
-from extender.simulate import load_cluster
-from extender.state import ClusterState
+from extender.plan_cmd import snapshot_inputs
+from extender.planning.action import plan
+from extender.scheduling.state import ClusterState
+from extender.simulate_cmd import load_cluster
 
 NOW = dt.datetime.fromisoformat(NOW_TEXT)
 
 
 def snapshot_of(objects: list[dict[str, Any]]) -> Snapshot:
     inputs = snapshot_inputs(objects, now=NOW)
-    from extender.plan.defrag import snapshot_of as of_inputs
+    from extender.controllers.defrag.offline import snapshot_of as of_inputs
 
     return of_inputs(inputs)
 
@@ -281,7 +281,7 @@ def required(*terms: dict) -> dict:
     ({}, {}, [{"key": "gpu", "effect": "PreferNoSchedule"}], True),
 ])
 def test_node_admits(pod_spec, node_labels, taints, expected):
-    from extender.defrag.plan import node_admits
+    from extender.controllers.defrag.plan import node_admits
 
     node_obj = {"metadata": {"name": "n", "labels": node_labels}, "spec": {"taints": taints}}
     assert node_admits({"spec": pod_spec}, node_obj) is expected

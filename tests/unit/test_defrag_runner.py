@@ -11,17 +11,17 @@ from typing import Any
 from defrag_fixtures import NOW_TEXT, four_nodes, pool
 from prometheus_client import CollectorRegistry
 
-from extender.defrag.config import parse_config
-from extender.defrag.metrics import DefragMetrics
-from extender.defrag.runner import (
+from extender.controllers.defrag.config import parse_config
+from extender.controllers.defrag.metrics import DefragMetrics
+from extender.controllers.defrag.runner import (
     MANUAL_TRIGGER_ANNOTATION,
     Defragmenter,
     Eviction,
     Trigger,
     manual_trigger,
 )
-from extender.simulate import load_cluster
-from extender.state import ClusterState, FilterOutcome, Kind
+from extender.scheduling.state import ClusterState, FilterOutcome, Kind
+from extender.simulate_cmd import load_cluster
 
 NOW = dt.datetime.fromisoformat(NOW_TEXT)
 
@@ -261,7 +261,7 @@ def test_fence_keeps_pool_pods_off_fenced_nodes_while_another_fits():
 
 
 async def test_many_candidates_are_read_with_one_pod_list(monkeypatch):
-    import extender.defrag.runner as runner
+    import extender.controllers.defrag.runner as runner
 
     monkeypatch.setattr(runner, "PER_NODE_LISTS", 0)
     defragmenter, cluster, _, _, _ = setup(four_nodes())
@@ -298,7 +298,7 @@ async def test_a_node_whose_room_the_previous_node_took_is_reported_no_room():
 
 
 async def test_tick_runs_each_due_pool_as_its_own_task():
-    from extender.defrag.runner import MANUAL_TRIGGER_ANNOTATION as MANUAL
+    from extender.controllers.defrag.runner import MANUAL_TRIGGER_ANNOTATION as MANUAL
 
     objects = four_nodes()
     other = pool("q")

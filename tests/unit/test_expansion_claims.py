@@ -10,7 +10,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender.expansion.claims import (
+from extender.controllers.expansion.nodeclaim import (
     DO_NOT_DISRUPT,
     EXPANSION_LABEL,
     INSTANCE_TYPE,

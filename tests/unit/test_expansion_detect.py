@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from extender.expansion.detect import CapacityFailureLog, expands_pool, is_capacity_only
-from extender.state import FilterOutcome
+from extender.controllers.expansion.detect import CapacityFailureLog, expands_pool, is_capacity_only
+from extender.scheduling.state import FilterOutcome
 
 
 def outcome(fits: list[str] | None = None, failed: dict[str, str] | None = None,

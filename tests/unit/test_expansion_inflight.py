@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
-from extender.contract import GPURequest, parse_request
-from extender.expansion.claims import INSTANCE_TYPE, ZONE
-from extender.expansion.fit import device_of, empty_copy_fits
-from extender.expansion.inflight import InFlight, LeaveReason
-from extender.inventory import NANO, GPUDevice
-from extender.state import GPUView
+from extender.common.contract import GPURequest, parse_request
+from extender.controllers.expansion.fit import device_of, empty_copy_fits
+from extender.controllers.expansion.inflight import InFlight, LeaveReason
+from extender.controllers.expansion.nodeclaim import INSTANCE_TYPE, ZONE
+from extender.scheduling.inventory import NANO, GPUDevice
+from extender.scheduling.state import GPUView
 
 Gi = 1 << 30
 

@@ -9,9 +9,8 @@ import pytest
 from test_expansion_worker import CAPACITY_ONLY, FakePort, later, make
 from test_expansion_worker import port as port  # the fixture
 
-from extender.expansion.claims import INSTANCE_TYPE, NODEPOOL_LABEL
-from extender.expansion.detect import REASON_CHECK, REASON_COMPLETED, REASON_FAILED
-from extender.expansion.karpenter import (
+from extender.controllers.expansion.detect import REASON_CHECK, REASON_COMPLETED, REASON_FAILED
+from extender.controllers.expansion.karpenter import (
     INSTANCE_TYPE_ANNOTATION,
     NODEPOOL_ANNOTATION,
     claim_devices,
@@ -19,8 +18,9 @@ from extender.expansion.karpenter import (
     nominated_claims,
     pool_nodepools,
 )
-from extender.expansion.worker import REASON_CONSOLIDATION, REASON_SKIPPED, REASON_WAITING
-from extender.state import FilterOutcome
+from extender.controllers.expansion.nodeclaim import INSTANCE_TYPE, NODEPOOL_LABEL
+from extender.controllers.expansion.worker import REASON_CONSOLIDATION, REASON_SKIPPED, REASON_WAITING
+from extender.scheduling.state import FilterOutcome
 
 GFD = {"nvidia.com/gpu.count": "1", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
        "nvidia.com/gpu.memory": "81920"}

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from extender.expansion.config import ExpansionConfig, add_arguments, from_args
-from extender.expansion.lease import Action, format_time, lease_action, lease_body, released_body
+from extender.controllers.expansion.config import ExpansionConfig, add_arguments, from_args
+from extender.kube.lease import Action, format_time, lease_action, lease_body, released_body
 
 NOW = dt.datetime(2024, 5, 1, 12, 0, 0, tzinfo=dt.UTC)
 

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from extender.expansion.claims import DO_NOT_DISRUPT, INSTANCE_TYPE, NODEPOOL_LABEL
-from extender.expansion.config import ExpansionConfig
-from extender.expansion.detect import REASON_CHECK, REASON_COMPLETED, REASON_FAILED
-from extender.expansion.worker import REASON_SKIPPED, REASON_WAITING, Expander
-from extender.inventory import NANO, GPUDevice
-from extender.state import FilterOutcome
+from extender.controllers.expansion.config import ExpansionConfig
+from extender.controllers.expansion.detect import REASON_CHECK, REASON_COMPLETED, REASON_FAILED
+from extender.controllers.expansion.nodeclaim import DO_NOT_DISRUPT, INSTANCE_TYPE, NODEPOOL_LABEL
+from extender.controllers.expansion.worker import REASON_SKIPPED, REASON_WAITING, Expander
+from extender.scheduling.inventory import NANO, GPUDevice
+from extender.scheduling.state import FilterOutcome
 
 Gi = 1 << 30
 CAPACITY_ONLY = FilterOutcome([], {"n1": "busy"}, {}, None, True)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from extender_fakes import POOL, gpu, pod
 
-from extender.gpustatus import WORK_PER_SLICE, GPUStatusWriter, StatusSettings, stored_part
-from extender.state import ClusterState, Kind
+from extender.controllers.gpustatus import WORK_PER_SLICE, GPUStatusWriter, StatusSettings, stored_part
+from extender.scheduling.state import ClusterState, Kind
 
 
 class Store:

@@ -30,12 +30,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_webhook_fixtures import view
 
-from extender.binder import Binder
-from extender.metrics import Metrics
-from extender.preemptor import Preemptor
-from extender.server import Handlers
-from extender.server import create_app as extender_app
-from extender.state import ClusterState, Kind
+from extender.controllers.preemptor import Preemptor
+from extender.scheduling.state import ClusterState, Kind
+from extender.server.app import Handlers
+from extender.server.app import create_app as extender_app
+from extender.server.binder import Binder
+from extender.server.metrics import Metrics
 from webhook.server import WebhookService
 from webhook.server import create_server as webhook_server
 from webhook.view import ClusterView, KubeObject

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from extender import gpu_models
-from extender.inventory import (
+from extender.scheduling import gpu_models
+from extender.scheduling.inventory import (
     NANO,
     gpu_from_object,
     gpus_from_node_labels,

@@ -6,9 +6,9 @@ from fractions import Fraction
 
 import pytest
 
-from extender.contract import GPURequest, Isolation
-from extender.inventory import NANO
-from extender.ledger import Allocation, Distrust, Ledger, Usage
+from extender.common.contract import GPURequest, Isolation
+from extender.scheduling.inventory import NANO
+from extender.scheduling.ledger import Allocation, Distrust, Ledger, Usage
 
 GIB = 1 << 30
 

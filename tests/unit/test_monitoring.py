@@ -21,13 +21,13 @@ from prometheus_client import CollectorRegistry
 from promql_names import DASHBOARD, PROMETHEUS_OWN, ROOT, RULES, dashboard_queries, rules, selectors
 
 from certs import authority
-from extender.defrag.metrics import DefragMetrics
-from extender.expansion.metrics import ExpansionMetrics
-from extender.gpustatus import StatusMetrics
-from extender.lifecycle.compactor import CompactorMetrics
-from extender.lifecycle.provisioner import ProvisionerMetrics
-from extender.metrics import Metrics
-from extender.stranded import StrandedCollector, count_stranded
+from extender.controllers.capacity.compactor import CompactorMetrics
+from extender.controllers.capacity.launcher import ProvisionerMetrics
+from extender.controllers.defrag.metrics import DefragMetrics
+from extender.controllers.expansion.metrics import ExpansionMetrics
+from extender.controllers.gpustatus import StatusMetrics
+from extender.server.metrics import Metrics
+from extender.server.stranded import StrandedCollector, count_stranded
 from webhook.metrics import WebhookMetrics, certificate_not_after
 
 CHART_FILES = ROOT / "charts" / "tensor-fusion-extender" / "files"

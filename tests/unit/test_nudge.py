@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from extender.controllers.nudge import NUDGE_ANNOTATION, Nudges, SchedulerNudger
 from extender.kube.client import ApiException
-from extender.nudge import NUDGE_ANNOTATION, Nudges, SchedulerNudger
-from extender.state import ClusterState, FilterOutcome, Kind
+from extender.scheduling.state import ClusterState, FilterOutcome, Kind
 from tests.unit.test_state import bound, gpu, make, pod
 
 

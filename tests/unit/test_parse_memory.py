@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from extender_fakes import POOL, gpu
 
-from extender.state import ClusterState, Kind
+from extender.scheduling.state import ClusterState, Kind
 
 PODS = 2000
 POD_SIZE = 512 * 1024

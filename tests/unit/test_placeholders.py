@@ -11,10 +11,10 @@ import pytest
 from kubernetes.client.rest import ApiException
 from test_expansion_worker import CAPACITY_ONLY, Clock, FakePort, Leader, gpu
 
-from extender.contract import parse_request
-from extender.expansion.config import ExpansionConfig
-from extender.expansion.detect import REASON_COMPLETED, REASON_FAILED
-from extender.expansion.placeholder_pods import (
+from extender.common.contract import parse_request
+from extender.controllers.expansion.config import ExpansionConfig
+from extender.controllers.expansion.detect import REASON_COMPLETED, REASON_FAILED
+from extender.controllers.expansion.placeholder_pods import (
     NVIDIA_GPU,
     PLACEHOLDER_FOR,
     PLACEHOLDER_FOR_UID,
@@ -24,10 +24,15 @@ from extender.expansion.placeholder_pods import (
     placeholder_body,
     pod_cpu_memory,
 )
-from extender.expansion.placeholders import REASON_WAITING, Placeholders
-from extender.expansion.provisioner import POOL_ANNOTATION, AutoscalerConfig, Provisioner, pool_provisioner
-from extender.expansion.worker import Expander
-from extender.state import FilterOutcome
+from extender.controllers.expansion.placeholders import REASON_WAITING, Placeholders
+from extender.controllers.expansion.provisioner import (
+    POOL_ANNOTATION,
+    AutoscalerConfig,
+    Provisioner,
+    pool_provisioner,
+)
+from extender.controllers.expansion.worker import Expander
+from extender.scheduling.state import FilterOutcome
 
 NS = "tensor-fusion-system"
 FITS = FilterOutcome(["n1"], {}, {}, None, False)

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.contract import GPURequest, Isolation
-from extender.inventory import NANO, GPUDevice
-from extender.placement import (
+from extender.common.contract import GPURequest, Isolation
+from extender.scheduling.inventory import NANO, GPUDevice
+from extender.scheduling.placement import (
     Demand,
     Fit,
     Mode,

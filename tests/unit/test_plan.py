@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from extender.cli import main
-from extender.plan import plan
-from extender.plan.cli import DEFAULT_PLANNERS, snapshot_inputs
+from extender.plan_cmd import DEFAULT_PLANNERS, snapshot_inputs
+from extender.planning.action import plan
 
 NOW = "2026-01-01T12:00:00Z"
 OLD = "2026-01-01T11:00:00Z"

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from extender.state import ClusterState, Kind, Victim
+from extender.scheduling.state import ClusterState, Kind, Victim
 
 
 def gpu(name: str, node: str) -> dict[str, Any]:

@@ -7,9 +7,9 @@ from typing import Any
 from extender_fakes import POOL, Events, FakeApi, Pods, gpu, pod
 from kubernetes.client import ApiException
 
-from extender.pdb import PdbGuard, budgets_from, violations
-from extender.preemptor import Preemptor
-from extender.state import ClusterState, FilterOutcome, Kind
+from extender.controllers.preemptor import Preemptor
+from extender.scheduling.pdb import PdbGuard, budgets_from, violations
+from extender.scheduling.state import ClusterState, FilterOutcome, Kind
 
 
 def prioritised(name: str, uid: str, priority: int, **kw: Any) -> dict[str, Any]:

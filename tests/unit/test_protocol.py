@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from extender import protocol as p
+from extender.server import protocol as p
 
 POD = {"metadata": {"name": "a", "namespace": "ml", "uid": "u"}}
 NODE_A = {"metadata": {"name": "a", "labels": {"x": "1"}}, "status": {"capacity": {"cpu": "4"}}}

@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender.quantity import Format, QuantityError, canonical_quantity, format_quantity, parse_quantity
+from extender.common.quantity import (
+    Format,
+    QuantityError,
+    canonical_quantity,
+    format_quantity,
+    parse_quantity,
+)
 
 
 @pytest.mark.parametrize(

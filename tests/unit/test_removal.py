@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from extender.capacity.amounts import Amount
-from extender.capacity.pool import pool_config
-from extender.lifecycle.removal import PoolNode, Verdict, decide
+from extender.planning.amounts import Amount
+from extender.planning.pool import pool_config
+from extender.planning.removal import PoolNode, Verdict, decide
 
 GI = 1 << 30
 NOW = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)

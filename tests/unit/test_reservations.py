@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender.expansion.placeholder_pods import (
+from extender.controllers.expansion.placeholder_pods import (
     NVIDIA_GPU,
     RESERVATION_LABEL,
     RESERVED_GPU,
@@ -16,7 +16,7 @@ from extender.expansion.placeholder_pods import (
     reservation_body,
     reservation_name,
 )
-from extender.reservations import plan, wanted
+from extender.controllers.expansion.reservations import plan, wanted
 
 NS = "tensor-fusion-system"
 
@@ -117,9 +117,9 @@ class Writer:
 async def test_the_keeper_follows_the_ledger_and_backs_off_from_refused_pods() -> None:
     from extender_fakes import gpu, pod
 
-    from extender.expansion.provisioner import AutoscalerConfig
-    from extender.reservations import RETRY_FAILED_SECONDS, ReservationKeeper
-    from extender.state import ClusterState, Kind
+    from extender.controllers.expansion.provisioner import AutoscalerConfig
+    from extender.controllers.expansion.reservations import RETRY_FAILED_SECONDS, ReservationKeeper
+    from extender.scheduling.state import ClusterState, Kind
 
     now = [0.0]
     state = ClusterState()

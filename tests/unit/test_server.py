@@ -11,11 +11,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from extender_fakes import POOL, Events, FakeApi, Pods, gpu
 
-from extender.binder import Binder
-from extender.metrics import Metrics
-from extender.preemptor import Preemptor
-from extender.server import Handlers, create_app
-from extender.state import ClusterState, Kind
+from extender.controllers.preemptor import Preemptor
+from extender.scheduling.state import ClusterState, Kind
+from extender.server.app import Handlers, create_app
+from extender.server.binder import Binder
+from extender.server.metrics import Metrics
 
 
 def wire_pod(name: str, uid: str, tflops: str = "20", priority: int = 0, node: str | None = None,
@@ -291,7 +291,7 @@ def test_app_routes() -> None:
 
 async def test_the_metrics_listener_serves_health_and_metrics_but_no_verb(aiohttp_client: Any,
                                                                           world: World) -> None:
-    from extender.server import create_monitoring_app
+    from extender.server.app import create_monitoring_app
 
     monitoring = await aiohttp_client(create_monitoring_app(world.handlers))
     for path in ("/healthz", "/readyz", "/metrics"):

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.simulate import add_simulate_arguments, main_simulate, read_objects, simulate
+from extender.simulate_cmd import add_simulate_arguments, main_simulate, read_objects, simulate
 
 
 def gpu(name: str, node: str) -> dict[str, Any]:

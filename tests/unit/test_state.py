@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from extender.state import ClusterState, InventorySource, Kind, PlacementError
+from extender.scheduling.state import ClusterState, InventorySource, Kind, PlacementError
 
 POOL = "p"
 GIB = 1 << 30

@@ -9,8 +9,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender import contract
-from extender.state import ClusterState, Kind, PlacementError, Reservation
+from extender.common import contract
+from extender.scheduling.state import ClusterState, Kind, PlacementError, Reservation
 
 PROPERTY_SETTINGS = settings(max_examples=60)
 GIB = 1 << 30

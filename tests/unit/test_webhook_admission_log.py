@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from test_webhook_fixtures import ServerUnderTest, pod, tf
 from test_webhook_server import ClientFactory, post, review, static_view
 
-from extender.batched_log import FLUSH_AFTER, MAX_PENDING, BatchedLog
-from extender.logs import Timestamps
+from extender.common.batched_log import FLUSH_AFTER, MAX_PENDING, BatchedLog
+from extender.common.logs import Timestamps
 from webhook import server
 from webhook.admission import allow, deny, encode_review
 from webhook.memo import MutationCache
@@ -131,7 +131,7 @@ async def test_a_line_carries_the_time_of_its_admission_not_of_its_write(
     logger.setLevel(logging.INFO)
     admission = BatchedLog(logger, stream)
     now = [1_700_000_000.25]
-    monkeypatch.setattr("extender.batched_log.time.time", lambda: now[0])
+    monkeypatch.setattr("extender.common.batched_log.time.time", lambda: now[0])
     admission.write(logging.INFO, "admission", {"uid": "a"})  # waits for its batch
     now[0] += 9.5
     admission.flush()

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from test_webhook_fixtures import OBJECTS, POOL_A, PROFILE, SCHEDULER, TEMPLATE, pod, tf, view
 from test_webhook_mutation import _ANNOTATIONS, _CONTAINERS, _LABELS
 
-from extender import contract as c
+from extender.common import contract as c
 from webhook.memo import Mutation, MutationCache
 from webhook.mutation import mutate
 from webhook.view import StaticClusterView

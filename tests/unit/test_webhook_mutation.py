@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_webhook_fixtures import NS, POOL_A, POOL_B, SCHEDULER, pod, tf, view
 
-from extender import contract as c
-from extender.contract import RequestContext, parse_request, profile_annotations
+from extender.common import contract as c
+from extender.common.contract import RequestContext, parse_request, profile_annotations
 from webhook.mutation import MutationResult, mutate
 
 

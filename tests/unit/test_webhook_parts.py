@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from extender.kube.selectors import SelectorError, matches
 from webhook.index import IndexAllocator
 from webhook.owners import OwnerCache, owners_of
 from webhook.patch import diff, escape_pointer_token
-from webhook.selector import SelectorError, matches
 from webhook.view import ObjectsError, StaticClusterView, load_objects
 from webhook.workload import label_value
 

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from extender.batched_log import BatchedLog
+from extender.common.batched_log import BatchedLog
 from webhook.admission import (
     AdmissionReview,
     Request,

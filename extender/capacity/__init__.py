@@ -1,1 +1,0 @@
-"""Pool capacity: targets, totals and gaps, the instance catalog and the cheapest way to close a gap."""

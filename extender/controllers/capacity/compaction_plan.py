@@ -1,0 +1,98 @@
+"""The compaction planner: which empty nodes to release, and which to shield from Karpenter.
+
+Both provisioning modes share the removal rules of ``extender.planning.removal``; what *release*
+means differs:
+
+- Karpenter mode: delete the node's NodeClaim and its GPUNodeClaim (our claims carry
+  ``karpenter.sh/do-not-disrupt``, so only we remove them).
+- AutoSelect mode: label the node ``tensor-fusion.ai/should-delete=true`` (as TensorFusion does) and take
+  away our ``karpenter.sh/do-not-disrupt``, so Karpenter's own consolidation removes it. Because
+  Karpenter consolidates every empty node by itself, the empty nodes kept for warm or minimum capacity
+  get ``karpenter.sh/do-not-disrupt: "true"`` (``protect``) while they are needed and lose it
+  (``unprotect``) once they are surplus; a node labelled should-delete that is needed again or holds
+  GPU pods loses the label (``unmark``).
+
+Releases happen only when the pool's compaction is due (``nodeCompaction.period``, or the
+``tensor-fusion.ai/manual-compaction`` annotation); protect, unprotect and unmark on every pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from extender.controllers.expansion.nodeclaim import DO_NOT_DISRUPT
+from extender.planning.action import Action
+from extender.planning.inputs import Inputs
+from extender.planning.pool import PoolConfig, ProvisioningMode
+from extender.planning.removal import Decision, Verdict, decide
+
+SHOULD_DELETE = "tensor-fusion.ai/should-delete"
+# Marks a karpenter.sh/do-not-disrupt that we set, so we never take away one a user set.
+PROTECTED_BY = "tensor-fusion.ai/protected-by-compaction"
+
+
+@dataclass(frozen=True)
+class NodePayload:
+    config: PoolConfig
+    nodeclaim: str | None = None  # Karpenter mode: the claim to delete
+
+
+def _meta(node: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    meta = node.get("metadata") or {}
+    return meta.get("labels") or {}, meta.get("annotations") or {}
+
+
+def _autoselect(inputs: Inputs, config: PoolConfig, decisions: list[Decision], due: bool) -> Iterable[Action]:
+    for decision in decisions:
+        name = decision.node.name
+        labels, annotations = _meta(inputs.nodes.get(name) or {})
+        marked = str(labels.get(SHOULD_DELETE, "")).lower() == "true"
+        ours = PROTECTED_BY in annotations
+        payload = NodePayload(config)
+        if decision.needed:
+            if marked:
+                yield Action("unmark", config.name, decision.reason, node=name, payload=payload)
+            if not ours and str(annotations.get(DO_NOT_DISRUPT, "")).lower() != "true":
+                yield Action("protect", config.name, decision.reason, node=name, payload=payload)
+        elif decision.verdict in (Verdict.YOUNG, Verdict.RELEASE):
+            if ours:
+                yield Action("unprotect", config.name, f"surplus: {decision.reason}", node=name,
+                             payload=payload)
+            if decision.verdict is Verdict.RELEASE and due and not marked:
+                yield Action("release", config.name, f"{decision.reason}; labelled {SHOULD_DELETE}=true",
+                             node=name, payload=payload)
+        elif decision.verdict is Verdict.BUSY and marked:
+            yield Action("unmark", config.name, decision.reason, node=name, payload=payload)
+
+
+def _karpenter(inputs: Inputs, config: PoolConfig, decisions: list[Decision], due: bool) -> Iterable[Action]:
+    if not due:
+        return
+    claims = inputs.nodeclaim_of_node()
+    ours = {str((c.get("metadata") or {}).get("name")) for c in inputs.claims_of(config.name)}
+    for decision in decisions:
+        claim = claims.get(decision.node.name)
+        if decision.verdict is Verdict.RELEASE and claim in ours:
+            yield Action("release", config.name, f"{decision.reason}; deleting NodeClaim {claim}",
+                         node=decision.node.name, details={"nodeClaim": claim},
+                         payload=NodePayload(config, claim))
+
+
+def plan_compaction(inputs: Inputs) -> Iterable[Action]:
+    for config in inputs.configs():
+        if config.mode is ProvisioningMode.PROVISIONED or config.problems:
+            continue
+        nodes = inputs.pool_nodes(config.name)
+        if not nodes:
+            continue
+        decisions = decide(config, nodes, inputs.now, inputs.protection_seconds)
+        due = inputs.compaction_due(config)
+        if config.mode is ProvisioningMode.KARPENTER:
+            yield from _karpenter(inputs, config, decisions, due)
+        else:
+            yield from _autoselect(inputs, config, decisions, due)
+
+
+__all__ = ["DO_NOT_DISRUPT", "PROTECTED_BY", "SHOULD_DELETE", "NodePayload", "plan_compaction"]

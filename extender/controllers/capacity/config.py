@@ -1,0 +1,60 @@
+"""Settings of the capacity controllers (Karpenter provisioning mode and compaction) as serve flags."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from extender.planning.removal import DEFAULT_PROTECTION_SECONDS
+
+DEFAULT_INTERVAL = 10.0
+DEFAULT_LEASE_NAME = "tensor-fusion-capacity"
+# How young a tensor-fusion.ai/manual-compaction timestamp must be to trigger a compaction.
+DEFAULT_MANUAL_WINDOW = 60.0
+
+
+@dataclass(frozen=True)
+class CapacityConfig:
+    enabled: bool = True
+    interval_seconds: float = DEFAULT_INTERVAL
+    protection_seconds: float = DEFAULT_PROTECTION_SECONDS
+    manual_window_seconds: float = DEFAULT_MANUAL_WINDOW
+    catalog_file: str | None = None
+    catalog_configmap: str | None = None  # NAMESPACE/NAME
+    lease_namespace: str = "tensor-fusion-system"
+    lease_name: str = DEFAULT_LEASE_NAME
+    lease_duration_seconds: float = 15.0
+    lease_renew_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.interval_seconds <= 0:
+            raise ValueError(f"capacity interval must be positive, got {self.interval_seconds}")
+        if self.protection_seconds < 0:
+            raise ValueError(f"node protection time must not be negative, got {self.protection_seconds}")
+        if self.catalog_configmap is not None and self.catalog_configmap.count("/") != 1:
+            raise ValueError(f"--catalog-configmap {self.catalog_configmap!r}: expected NAMESPACE/NAME")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "capacity controllers (Karpenter provisioning mode: GPUNodeClaims from pool targets; compaction)")
+    group.add_argument("--capacity-controllers", dest="capacity_enabled",
+                       action=argparse.BooleanOptionalAction, default=True,
+                       help="run the Karpenter-mode provisioner and the compaction of empty nodes "
+                            f"(default on; one active per cluster, Lease {DEFAULT_LEASE_NAME})")
+    group.add_argument("--capacity-interval", type=float, default=DEFAULT_INTERVAL, metavar="SECONDS",
+                       help="reconcile pools this often at the latest (default 10)")
+    group.add_argument("--node-protection-time", type=float, default=DEFAULT_PROTECTION_SECONDS,
+                       metavar="SECONDS", help="never remove an empty node younger than this (default 300)")
+    group.add_argument("--catalog", dest="catalog_file", default=None, metavar="CATALOG.yaml",
+                       help="instance types over the built-in catalog (see tf-extender plan)")
+    group.add_argument("--catalog-configmap", default=None, metavar="NAMESPACE/NAME",
+                       help="a ConfigMap whose catalog.yaml extends the catalog; read on every reconcile")
+
+
+def from_args(args: argparse.Namespace, lease_namespace: str) -> CapacityConfig:
+    return CapacityConfig(
+        enabled=bool(args.capacity_enabled), interval_seconds=float(args.capacity_interval),
+        protection_seconds=float(args.node_protection_time), catalog_file=args.catalog_file,
+        catalog_configmap=args.catalog_configmap, lease_namespace=lease_namespace,
+    )

@@ -1,0 +1,117 @@
+"""A pool's defragmentation settings: ``spec.nodeManagerConfig.nodeCompaction.defrag`` of a GPUPool.
+
+The fields and defaults are TensorFusion's: ``enabled`` (false), ``schedule`` (five-field cron, ``0 3 * * *``,
+no ``TZ=`` prefix), ``timezone`` (IANA name, required when enabled), ``maxDuration`` (Go duration, ``2h``)
+and ``utilizationThresholdPercent`` (0..100, 40). Parsing is pure; a bad value is a ``DefragConfigError``
+whose message names the field and the value.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import zoneinfo
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from extender.controllers.defrag.cron import CronError, CronSchedule
+
+FIELD = "spec.nodeManagerConfig.nodeCompaction.defrag"
+DEFAULT_SCHEDULE = "0 3 * * *"
+DEFAULT_MAX_DURATION = dt.timedelta(hours=2)
+DEFAULT_THRESHOLD = 40
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
+                 "h": 3600.0}
+
+
+class DefragConfigError(ValueError):
+    """The pool's defrag settings cannot be used; the message is meant for the user."""
+
+
+_DEFAULT_CRON = CronSchedule.parse(DEFAULT_SCHEDULE)
+
+
+@dataclass(frozen=True)
+class DefragConfig:
+    enabled: bool = False
+    schedule: CronSchedule = _DEFAULT_CRON
+    timezone: zoneinfo.ZoneInfo | None = None
+    max_duration: dt.timedelta = DEFAULT_MAX_DURATION
+    threshold_percent: int = DEFAULT_THRESHOLD
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether cron runs apply (a manual run needs no timezone)."""
+        return self.enabled and self.timezone is not None
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    """A Go ``time.ParseDuration`` string (``2h``, ``1h30m``, ``90s``, ``1.5h``); no sign, not zero."""
+    raw = text.strip()
+    if not raw:
+        raise ValueError("empty duration")
+    position, seconds = 0, 0.0
+    for match in _DURATION_PART.finditer(raw):
+        if match.start() != position:
+            break
+        seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        position = match.end()
+    if position != len(raw):
+        raise ValueError(f"not a duration like 2h, 90m or 1h30m: {text!r}")
+    return dt.timedelta(seconds=seconds)
+
+
+def defrag_section(pool: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The raw ``defrag`` mapping of a GPUPool object ({} when absent)."""
+    node_manager = ((pool.get("spec") or {}).get("nodeManagerConfig") or {})
+    compaction = node_manager.get("nodeCompaction") or {} if isinstance(node_manager, Mapping) else {}
+    section = compaction.get("defrag") if isinstance(compaction, Mapping) else None
+    return section if isinstance(section, Mapping) else {}
+
+
+def parse_config(pool: Mapping[str, Any]) -> DefragConfig:
+    """The pool's settings with defaults; raises ``DefragConfigError`` for a value that cannot be used."""
+    raw = defrag_section(pool)
+    enabled = raw.get("enabled", False)
+    if not isinstance(enabled, bool):
+        raise DefragConfigError(f"{FIELD}.enabled must be true or false, got {enabled!r}")
+    schedule_text = raw.get("schedule", DEFAULT_SCHEDULE)
+    if not isinstance(schedule_text, str):
+        raise DefragConfigError(f"{FIELD}.schedule must be a string, got {schedule_text!r}")
+    if "=" in schedule_text:
+        raise DefragConfigError(f"{FIELD}.schedule {schedule_text!r} must not carry a TZ= prefix; "
+                                f"set {FIELD}.timezone instead")
+    try:
+        schedule = CronSchedule.parse(schedule_text)
+    except CronError as exc:
+        raise DefragConfigError(f"{FIELD}.schedule {schedule_text!r}: {exc}") from exc
+    timezone = _timezone(raw.get("timezone"), enabled)
+    max_duration_text = raw.get("maxDuration", "2h")
+    try:
+        max_duration = parse_duration(str(max_duration_text))
+    except ValueError as exc:
+        raise DefragConfigError(f"{FIELD}.maxDuration: {exc}") from exc
+    if max_duration <= dt.timedelta(0):
+        raise DefragConfigError(f"{FIELD}.maxDuration must be positive, got {max_duration_text!r}")
+    threshold = raw.get("utilizationThresholdPercent", DEFAULT_THRESHOLD)
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or not 0 <= threshold <= 100:
+        raise DefragConfigError(
+            f"{FIELD}.utilizationThresholdPercent must be an integer from 0 to 100, got {threshold!r}")
+    return DefragConfig(enabled, schedule, timezone, max_duration, threshold)
+
+
+def _timezone(value: object, enabled: bool) -> zoneinfo.ZoneInfo | None:
+    if value is None or value == "":
+        if enabled:
+            raise DefragConfigError(f"{FIELD}.timezone is required when defrag is enabled "
+                                    "(an IANA name such as UTC or Europe/Berlin)")
+        return None
+    if not isinstance(value, str):
+        raise DefragConfigError(f"{FIELD}.timezone must be an IANA name, got {value!r}")
+    try:
+        return zoneinfo.ZoneInfo(value)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
+        raise DefragConfigError(f"{FIELD}.timezone {value!r} is not a known IANA time zone") from exc

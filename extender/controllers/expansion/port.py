@@ -1,0 +1,194 @@
+"""The expander's view of the cluster through the API server: watch caches of NodeClaims and NodePools,
+the extender's own caches of Nodes, GPUPools and GPU pods, the pod re-read, the NodeClaim create, and
+events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from extender.controllers.expansion.config import ExpansionConfig
+from extender.controllers.expansion.fit import device_of
+from extender.controllers.expansion.karpenter import node_usable
+from extender.controllers.expansion.metrics import ExpansionMetrics
+from extender.controllers.expansion.worker import Expander
+from extender.kube.client import api_call, error_status, request_json
+from extender.kube.events import EventRecorder
+from extender.kube.informer import DELETED, WatchCache
+from extender.kube.lease import LeaseKeeper
+from extender.kube.resources import (
+    EVENTS,
+    NODECLAIMS,
+    NODEPOOLS,
+    PODS,
+    collection_path,
+    object_path,
+)
+from extender.scheduling.inventory import GPUDevice
+from extender.scheduling.state import ClusterState, GPUView
+
+# ``ClusterState.node_gpus``: what the extender's inventory knows of a node's GPUs.
+NodeGPUs = Callable[[str], Sequence[GPUView | GPUDevice]]
+
+
+@dataclass(frozen=True)
+class SharedCaches:
+    """The extender's caches the expander reads too: ``gpu_pods`` holds the pods labelled as GPU workers."""
+
+    nodes: WatchCache
+    gpupools: WatchCache
+    gpu_pods: WatchCache
+
+
+class KubeExpansionPort:
+    """The expander's view of the API server. Nodes, GPU pools and GPU pods come from the extender's own
+    caches (``shared``: one watch per resource for the whole process); NodeClaims and NodePools from
+    caches of its own."""
+
+    def __init__(self, api_client: client.ApiClient, node_gpus: NodeGPUs, recorder: EventRecorder,
+                 shared: SharedCaches, on_change: Callable[[], None] | None = None) -> None:
+        self.api_client = api_client
+        self._node_gpus = node_gpus
+        self._recorder = recorder
+        self._on_change = on_change
+        self._by_provider: dict[str, str] = {}
+        self.claims = WatchCache(api_client, NODECLAIMS, optional=True, on_change=self._changed)
+        self.nodepools = WatchCache(api_client, NODEPOOLS, optional=True)
+        self.nodes = shared.nodes
+        self.gpupools = shared.gpupools
+        self._shared = (shared.nodes, shared.gpupools, shared.gpu_pods)
+        self.nodes.subscribe(self._node_changed)
+        # Pending GPU pods the scheduler never sent to the extender (Expander.pod_changed picks them out).
+        shared.gpu_pods.subscribe(self._pod_changed)
+        self._on_pod: Callable[[dict[str, Any]], None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def set_on_change(self, on_change: Callable[[], None]) -> None:
+        self._on_change = on_change
+
+    def set_on_pod(self, on_pod: Callable[[dict[str, Any]], None]) -> None:
+        self._on_pod = on_pod
+
+    @property
+    def caches(self) -> tuple[WatchCache, ...]:
+        """The caches this port runs (the shared ones run with the extender's)."""
+        return (self.claims, self.nodepools)
+
+    async def start(self, sync_timeout: float = 60.0) -> None:
+        if not self._tasks:
+            self._tasks = [asyncio.create_task(c.run(), name=f"expander-{c.name}") for c in self.caches]
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(c.synced.wait() for c in (*self.caches, *self._shared))),
+                                   sync_timeout)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+
+    # -- cached reads -----------------------------------------------------------------------------
+
+    def node(self, name: str) -> Mapping[str, Any] | None:
+        return self.nodes.get(name)
+
+    def node_gpus(self, name: str) -> Sequence[GPUDevice]:
+        return [device_of(gpu) for gpu in self._node_gpus(name)]
+
+    def nodeclaims(self) -> Sequence[Mapping[str, Any]]:
+        return self.claims.list()
+
+    def nodeclaim(self, name: str) -> Mapping[str, Any] | None:
+        return self.claims.get(name)
+
+    def nodepool(self, name: str) -> Mapping[str, Any] | None:
+        return self.nodepools.get(name)
+
+    def all_nodepools(self) -> Sequence[Mapping[str, Any]]:
+        return self.nodepools.list()
+
+    def all_nodes(self) -> Sequence[Mapping[str, Any]]:
+        return self.nodes.list()
+
+    def gpupool(self, name: str) -> Mapping[str, Any] | None:
+        return self.gpupools.get(name)
+
+    def node_arrived(self, node_name: str, provider_id: str) -> bool:
+        """The claim's Node exists, is usable (``karpenter.node_usable``) and its GPUs are in the inventory,
+        so the scheduler can use it."""
+        name = node_name if node_name and self.nodes.get(node_name) else ""
+        name = name or self._by_provider.get(provider_id, "")
+        node = self.nodes.get(name) if name else None
+        return node is not None and node_usable(node) and bool(self._node_gpus(name))
+
+    # -- writes and events ---------------------------------------------------------------------------
+
+    def record(self, obj: Mapping[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+        self._recorder.record(dict(obj), reason, message, type_)
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            pod: dict[str, Any] = await api_call(request_json, self.api_client, "GET",
+                                                 object_path(PODS, name, namespace))
+        except Exception as exc:
+            if error_status(exc) == 404:
+                return None
+            raise
+        return pod
+
+    async def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]:
+        """The events on one pod (core/v1), e.g. Karpenter's Nominated."""
+        answer = await api_call(request_json, self.api_client, "GET", collection_path(EVENTS, namespace),
+                                query={"fieldSelector": f"involvedObject.uid={uid}"})
+        return list((answer or {}).get("items") or [])
+
+    async def create_nodeclaim(self, body: dict[str, Any]) -> dict[str, Any]:
+        created: dict[str, Any] = await api_call(request_json, self.api_client, "POST",
+                                                 collection_path(NODECLAIMS), body=body)
+        return created
+
+    # -- watch callbacks ----------------------------------------------------------------------------
+
+    def _changed(self, event_type: str, obj: dict[str, Any]) -> None:
+        if self._on_change is not None:
+            self._on_change()
+
+    def _pod_changed(self, event_type: str, obj: dict[str, Any]) -> None:
+        if event_type != DELETED and self._on_pod is not None:
+            self._on_pod(obj)
+
+    def _node_changed(self, event_type: str, obj: dict[str, Any]) -> None:
+        provider_id = str((obj.get("spec") or {}).get("providerID") or "")
+        if provider_id:
+            if event_type == DELETED:
+                self._by_provider.pop(provider_id, None)
+            else:
+                self._by_provider[provider_id] = str((obj.get("metadata") or {}).get("name") or "")
+        self._changed(event_type, obj)
+
+
+def kube_expander(config: ExpansionConfig, api_client: client.ApiClient, state: ClusterState,
+                  recorder: EventRecorder, shared: SharedCaches, registry: CollectorRegistry | None = None,
+                  identity: str | None = None) -> Expander:
+    """The expander wired to the API server: the shared caches, inventory and recorder, its own claim
+    caches, the Lease."""
+    port = KubeExpansionPort(api_client, state.node_gpus, recorder, shared)
+    leader = LeaseKeeper(
+        api_client, config.lease_name, config.lease_namespace,
+        identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+        duration_seconds=config.lease_duration_seconds, renew_seconds=config.lease_renew_seconds)
+    expander = Expander(config, port, leader=leader, request_of=state.request_of,
+                        metrics=ExpansionMetrics(registry))
+    port.set_on_change(expander.wake)
+    port.set_on_pod(expander.pod_changed)
+    return expander

@@ -1,0 +1,178 @@
+"""GPU reservation pods: make the Cluster Autoscaler's GPU accounting true.
+
+On a node that advertises ``nvidia.com/gpu`` the Cluster Autoscaler counts only ``nvidia.com/gpu`` requests
+as GPU use, and GPU pods placed by the extender request none (the webhook moved them to
+``tensor-fusion.ai/index_*``). So for every GPU that bound GPU pods hold any share of, the keeper keeps one
+pod bound to that node holding ``nvidia.com/gpu: 1`` (``placeholder_pods.reservation_body``): its scale-up
+simulation no longer sees shared GPUs as free, and its scale-down neither counts the node as idle nor
+drains it (the pods say ``safe-to-evict: false``). A reservation is created after the first allocation on
+its GPU and deleted after the last, off the bind path (a bind never waits for it). The wanted set is
+computed from the ledger, so after a restart the keeper rebuilds exactly the same pods, deleting stale
+ones and creating missing ones, once the extender's caches have synced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+from prometheus_client import CollectorRegistry, Gauge
+
+from extender.controllers.expansion.placeholder_pods import (
+    RESERVATION_LABEL,
+    RESERVED_GPU,
+    advertised_gpus,
+    reservation_body,
+)
+from extender.controllers.expansion.placeholder_port import KubePodWriter
+from extender.controllers.expansion.provisioner import AutoscalerConfig
+from extender.kube.informer import WatchCache
+from extender.kube.resources import PODS
+from extender.scheduling.state import ClusterState
+
+log = logging.getLogger(__name__)
+
+RESYNC_SECONDS = 30.0
+POLL_SECONDS = 0.5
+# A reservation pod the node refused (phase Failed, e.g. the kubelet found no free nvidia.com/gpu) is
+# replaced at most this often.
+RETRY_FAILED_SECONDS = 30.0
+
+NodeLookup = Callable[[str], Mapping[str, Any] | None]
+
+
+@dataclass(frozen=True)
+class Plan:
+    create: list[tuple[str, str]]  # (gpu, node)
+    delete: list[tuple[str, str, str]]  # (pod name, uid, why)
+    refused: list[str]  # GPUs whose reservation pod the node refused (deleted above, replaced later)
+
+
+def wanted(held: Mapping[str, str], node: NodeLookup) -> dict[str, str]:
+    """GPU -> node for the held GPUs on nodes that advertise ``nvidia.com/gpu``, at most as many per node
+    as it advertises (by GPU name)."""
+    by_node: dict[str, list[str]] = {}
+    for gpu, name in held.items():
+        by_node.setdefault(name, []).append(gpu)
+    out: dict[str, str] = {}
+    for name, gpus in by_node.items():
+        for gpu in sorted(gpus)[: advertised_gpus(node(name))]:
+            out[gpu] = name
+    return out
+
+
+def plan(want: Mapping[str, str], existing: Sequence[Mapping[str, Any]],
+         failed_recently: Callable[[str], bool] = lambda gpu: False) -> Plan:
+    """What to create and delete so that exactly one live reservation pod exists per wanted GPU."""
+    have: dict[str, Mapping[str, Any]] = {}
+    delete: list[tuple[str, str, str]] = []
+    refused: list[str] = []
+    for pod in sorted(existing, key=lambda p: str((p.get("metadata") or {}).get("name"))):
+        meta = pod.get("metadata") or {}
+        name, uid = str(meta.get("name") or ""), str(meta.get("uid") or "")
+        gpu = str((meta.get("annotations") or {}).get(RESERVED_GPU) or "")
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        if meta.get("deletionTimestamp"):
+            have.setdefault(gpu, pod)  # on its way out: wait for it before creating its successor
+            continue
+        if gpu not in want:
+            delete.append((name, uid, "no pod holds a share of its GPU any more"))
+        elif want[gpu] != node:
+            delete.append((name, uid, f"its GPU is on node {want[gpu]} now"))
+            have[gpu] = pod  # its successor has the same name: created once this one is gone
+        elif gpu in have:
+            delete.append((name, uid, "a duplicate"))
+        elif (pod.get("status") or {}).get("phase") == "Failed":
+            delete.append((name, uid, "the node refused it"))
+            refused.append(gpu)
+            have[gpu] = pod
+        else:
+            have[gpu] = pod
+    create = [(gpu, node) for gpu, node in sorted(want.items())
+              if gpu not in have and not failed_recently(gpu)]
+    return Plan(create, delete, refused)
+
+
+class ReservationKeeper:
+    def __init__(self, config: AutoscalerConfig, api_client: client.ApiClient, state: ClusterState,
+                 nodes: WatchCache, ready: Callable[[], Awaitable[None]],
+                 registry: CollectorRegistry | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.state = state
+        self.nodes = nodes
+        self.ready = ready
+        self.writer = KubePodWriter(api_client)
+        self.cache = WatchCache(api_client, PODS, namespace=config.namespace,
+                                label_selector=f"{RESERVATION_LABEL}=true", name="gpu-reservations",
+                                on_change=lambda event, obj: self._wake.set())
+        self._clock = clock
+        self._failed_at: dict[str, float] = {}
+        self._wake = asyncio.Event()
+        self.gauge = Gauge("tf_extender_gpu_reservation_pods",
+                           "GPU reservation pods (nvidia.com/gpu: 1 per shared GPU) in the cluster",
+                           registry=registry)
+
+    def _failed_recently(self, gpu: str) -> bool:
+        at = self._failed_at.get(gpu)
+        return at is not None and self._clock() - at < RETRY_FAILED_SECONDS
+
+    async def run(self) -> None:
+        watch = asyncio.create_task(self.cache.run(), name="watch-gpu-reservations")
+        try:
+            # The wanted set comes from the ledger: acting on a half-synced one would delete live pods.
+            await self.ready()
+            await self.cache.synced.wait()
+            seen_version = -1
+            next_resync = 0.0
+            while True:
+                now = self._clock()
+                if self.state.version != seen_version or self._wake.is_set() or now >= next_resync:
+                    self._wake.clear()
+                    seen_version = self.state.version
+                    next_resync = now + RESYNC_SECONDS
+                    try:
+                        await self.reconcile()
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        log.exception("reconciling GPU reservation pods failed")
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), POLL_SECONDS)
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watch
+
+    async def reconcile(self) -> Plan:
+        want = wanted(self.state.held_gpus(), self.nodes.get)
+        todo = plan(want, self.cache.list(), self._failed_recently)
+        for gpu in todo.refused:
+            self._failed_at[gpu] = self._clock()
+        for name, uid, why in todo.delete:
+            try:
+                await self.writer.delete_pod(self.config.namespace, name, uid)
+                log.info("GPU reservation pod deleted", extra={"pod": name, "reason": why})
+            except Exception as exc:
+                log.warning("deleting a GPU reservation pod failed", extra={"pod": name, "error": str(exc)})
+        for gpu, node_name in todo.create:
+            node = self.nodes.get(node_name)
+            if node is None:
+                continue
+            body = reservation_body(gpu, node, namespace=self.config.namespace, image=self.config.image,
+                                    priority_class=self.config.reservation_priority_class)
+            try:
+                await self.writer.create_pod(self.config.namespace, body)
+                log.info("GPU reservation pod created", extra={"gpu": gpu, "node": node_name,
+                                                               "pod": body["metadata"]["name"]})
+            except Exception as exc:
+                log.warning("creating a GPU reservation pod failed",
+                            extra={"gpu": gpu, "node": node_name, "error": str(exc)})
+        self.gauge.set(len(want))
+        return todo

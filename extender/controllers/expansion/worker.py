@@ -1,0 +1,461 @@
+"""The expander: takes capacity-only failures from the filter and creates Karpenter NodeClaims for them,
+off the request path. Decisions are in ``decide``; the cluster is behind ``ExpansionPort``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from extender.common.contract import GPURequest, parse_request
+from extender.controllers.expansion.config import ExpansionConfig
+from extender.controllers.expansion.decide import (
+    ClusterView,
+    Create,
+    LeaveToKarpenter,
+    NoTemplate,
+    Skip,
+    WaitForClaim,
+    WaitForSlot,
+    decide,
+)
+from extender.controllers.expansion.detect import (
+    REASON_CHECK,
+    REASON_COMPLETED,
+    REASON_FAILED,
+    CapacityFailureLog,
+    FilterResult,
+    expands_pool,
+    is_capacity_only,
+    unschedulable,
+)
+from extender.controllers.expansion.inflight import Departure, InFlight, LeaveReason, PodRef
+from extender.controllers.expansion.karpenter import (
+    claim_devices,
+    consolidation_policy,
+    consolidation_warning,
+    is_gpu_nodepool,
+    is_ours,
+    nodepool_admits,
+    nominated_claims,
+    pool_nodepools,
+    still_coming,
+)
+from extender.controllers.expansion.metrics import ExpansionMetrics
+from extender.controllers.expansion.nodeclaim import (
+    EXPANSION_LABEL,
+    INSTANCE_TYPE,
+    NODEPOOL_LABEL,
+    TEMPLATE_NODE_ANNOTATION,
+)
+from extender.controllers.expansion.placeholders import Placeholders
+from extender.controllers.expansion.provisioner import Provisioner
+from extender.scheduling.state import FilterOutcome
+
+log = logging.getLogger(__name__)
+
+REASON_WAITING = "NodeExpansionWaiting"
+REASON_SKIPPED = "NodeExpansionSkipped"
+REASON_CONSOLIDATION = "GPUBlindConsolidation"
+TICK_SECONDS = 1.0
+NODEPOOL_CHECK_SECONDS = 30.0
+ARRIVAL_GRACE_SECONDS = 15.0
+
+
+class ExpansionPort(ClusterView, Protocol):
+    """The expander's I/O: cached reads, the pod re-read, the claim write, events."""
+
+    def nodeclaim(self, name: str) -> Mapping[str, Any] | None: ...
+
+    def gpupool(self, name: str) -> Mapping[str, Any] | None: ...
+
+    def node_arrived(self, node_name: str, provider_id: str) -> bool: ...
+
+    def all_nodes(self) -> Sequence[Mapping[str, Any]]: ...
+
+    def record(self, obj: Mapping[str, Any], reason: str, message: str, type_: str = "Normal") -> None: ...
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]: ...
+
+    async def create_nodeclaim(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class Leader(Protocol):
+    @property
+    def is_leader(self) -> bool: ...
+
+    async def run(self) -> None: ...
+
+
+class AlwaysLeader:
+    """For a single replica (and tests): always active."""
+
+    is_leader = True
+
+    async def run(self) -> None:
+        await asyncio.Event().wait()
+
+
+@dataclass
+class Queued:
+    pod: PodRef
+    request: GPURequest
+    candidates: tuple[str, ...]
+    announced_wait: bool = False
+
+
+RequestOf = Callable[[Mapping[str, Any]], GPURequest]
+
+
+def _parse_annotations(pod: Mapping[str, Any]) -> GPURequest:
+    return parse_request((pod.get("metadata") or {}).get("annotations") or {})
+
+
+def _new_expansion_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+class Expander:
+    def __init__(self, config: ExpansionConfig, port: ExpansionPort, *, leader: Leader | None = None,
+                 request_of: RequestOf = _parse_annotations, metrics: ExpansionMetrics | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 new_id: Callable[[], str] = _new_expansion_id) -> None:
+        self.config = config
+        self.metrics = metrics or ExpansionMetrics()
+        self._request_of = request_of
+        self.port = port
+        self.leader: Leader = leader or AlwaysLeader()
+        self.inflight = InFlight(config.max_in_flight, config.claim_timeout_seconds)
+        self.flagged = CapacityFailureLog()
+        self._clock = clock
+        self._new_id = new_id
+        self._due: list[tuple[float, int, Queued]] = []
+        self._order = itertools.count()
+        self._slot_waiters: dict[str, Queued] = {}
+        self._wake = asyncio.Event()
+        # Placeholder pods for the Cluster Autoscaler (expansion.placeholders); None: Karpenter only.
+        self.placeholders: Placeholders | None = None
+        # Pods the filter has seen with at least one candidate node (so not "no candidate at all").
+        self.filtered = CapacityFailureLog()
+        self._warned_nodepools: dict[str, str] = {}
+        # Pods whose claim's node arrived: flaggable again only after the grace (uid -> its end). A rejection
+        # during the grace is kept (uid -> entry) and acted on at its end if the pod is still pending then.
+        self._grace: dict[str, float] = {}
+        self._rejected_in_grace: dict[str, Queued] = {}
+        self.arrival_grace = max(ARRIVAL_GRACE_SECONDS, config.delay_seconds)
+        self._nodepools_checked_at: float | None = None
+
+    # -- the filter's side: sync, cheap, never raises ----------------------------------------------
+
+    def notice(self, pod: dict[str, Any], outcome: FilterResult, candidate_nodes: list[str]) -> None:
+        """Called by the filter handler for every rejected or accepted pod."""
+        try:
+            self._notice(pod, outcome, candidate_nodes)
+        except Exception:
+            log.exception("expansion notice failed")
+
+    def observe(self, pod: dict[str, Any], outcome: FilterOutcome) -> None:
+        """``notice`` as a filter observer: the candidates are every node the outcome names."""
+        self.notice(pod, outcome, [*outcome.fits, *outcome.failed, *outcome.unresolvable])
+
+    def _notice(self, pod: dict[str, Any], outcome: FilterResult, candidate_nodes: list[str]) -> None:
+        if not self.config.enabled:
+            return
+        ref = PodRef.of(pod)
+        capacity_only = is_capacity_only(outcome, candidate_nodes)
+        if not capacity_only and self.placeholders is not None and len(self.placeholders):
+            self.placeholders.not_capacity_only(ref.uid)
+        if candidate_nodes:
+            self.filtered.first_time(ref.uid)
+        if outcome.error or getattr(outcome, "fits", None):
+            return
+        if ref.uid in self._grace and ref.uid not in self._rejected_in_grace:
+            with contextlib.suppress(Exception):
+                self._rejected_in_grace[ref.uid] = Queued(ref, self._request_of(pod), tuple(candidate_nodes))
+        if ref.uid in self.flagged:
+            return
+        if capacity_only:
+            self._flag(pod, ref, candidate_nodes,
+                       "no candidate node has {what} free in pool {pool}, but an empty node would fit it")
+        elif self._no_gpu_of_pool(pod, candidate_nodes):
+            self._flag(pod, ref, candidate_nodes,
+                       "no candidate node has GPUs of pool {pool} yet ({what} wanted)")
+
+    def _no_gpu_of_pool(self, pod: dict[str, Any], candidate_nodes: list[str]) -> bool:
+        """No candidate holds a GPU of the pod's pool, and the pool has NodePools to grow from."""
+        try:
+            request = self._request_of(pod)
+        except Exception:
+            return False
+        gpupool = self.port.gpupool(request.pool)
+        placeholders = self.placeholders
+        if placeholders is not None and placeholders.provisioner(gpupool) is Provisioner.CLUSTER_AUTOSCALER:
+            return False
+        nodepools = pool_nodepools(gpupool, request.pool, self.port.all_nodepools())
+        if not any(nodepool_admits(pod, nodepool) for nodepool in nodepools):
+            return False
+        return not any(d.pool == request.pool for name in candidate_nodes for d in self.port.node_gpus(name))
+
+    def _flag(self, pod: dict[str, Any], ref: PodRef, candidate_nodes: Sequence[str], why: str) -> None:
+        try:
+            request = self._request_of(pod)
+        except Exception:  # a pod the contract rejects was never capacity-only
+            return
+        if not expands_pool(self.port.gpupool(request.pool)) or not self.flagged.first_time(ref.uid):
+            return
+        self.metrics.capacity_only_failures.labels(pool=request.pool).inc()
+        self.port.record(pod, REASON_CHECK,
+                         why.format(what=request.describe(), pool=request.pool)
+                         + f": node expansion is considered in {self.config.delay_seconds:g}s")
+        self._push(Queued(ref, request, tuple(candidate_nodes)), self._clock() + self.config.delay_seconds)
+
+    def pod_changed(self, pod: dict[str, Any]) -> None:
+        """A pending GPU pod of the scheduler profile changed. One the scheduler found Unschedulable without
+        ever asking the extender (no node passed its own filters) gets the scale-from-zero path."""
+        try:
+            if not self.config.enabled or not unschedulable(pod, self.config.scheduler_name):
+                return
+            ref = PodRef.of(pod)
+            if ref.uid in self.filtered or ref.uid in self.flagged:
+                return
+            if self._no_gpu_of_pool(pod, []):
+                self._flag(pod, ref, (), "no node passed the scheduler's own filters for this pod and pool "
+                                         "{pool} has no GPU node for it ({what} wanted)")
+        except Exception:
+            log.exception("expansion pod watch failed")
+
+    def wake(self) -> None:
+        """Something changed (a claim, a node): settle the in-flight set now rather than at the next tick."""
+        self._wake.set()
+
+    def _push(self, entry: Queued, due: float) -> None:
+        heapq.heappush(self._due, (due, next(self._order), entry))
+        self._wake.set()
+
+    @property
+    def queued(self) -> int:
+        return len(self._due) + len(self._slot_waiters)
+
+    # -- the worker ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run until cancelled: caches, the lease, and the queue."""
+        await self.port.start()
+        if self.placeholders is not None:
+            await self.placeholders.start()
+        leader_task = asyncio.create_task(self.leader.run(), name="expander-lease")
+        try:
+            self.adopt_existing_claims()
+            while True:
+                await self.tick()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._sleep_for())
+                self._wake.clear()
+        finally:
+            leader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await leader_task
+            if self.placeholders is not None:
+                await self.placeholders.stop()
+            await self.port.stop()
+
+    def _sleep_for(self) -> float:
+        if not self._due:
+            return TICK_SECONDS
+        return min(TICK_SECONDS, max(0.0, self._due[0][0] - self._clock()))
+
+    async def tick(self) -> None:
+        """Settle the in-flight claims, then handle the queued pods that are due (while leader)."""
+        now = self._clock()
+        self._depart(self.inflight.settle(self.port.nodeclaim, self.port.node_arrived, now))
+        for uid in [uid for uid, until in self._grace.items() if until <= now]:
+            del self._grace[uid]
+            entry = self._rejected_in_grace.pop(uid, None)
+            if entry is None:
+                self.flagged.forget(uid)  # the next rejection flags it again
+            else:
+                self._push(entry, now)  # rejected although its node had arrived: the node went elsewhere
+        self.track_karpenter_claims()
+        if not self.leader.is_leader:
+            return
+        self._check_nodepools(now)
+        while self._due and self._due[0][0] <= now:
+            _, _, entry = heapq.heappop(self._due)
+            try:
+                await self._process(entry)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("expansion failed", extra={"pod": str(entry.pod)})
+                self.flagged.forget(entry.pod.uid)
+        if self.placeholders is not None:
+            try:
+                await self.placeholders.settle()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("settling placeholder pods failed")
+
+    def adopt_existing_claims(self) -> None:
+        """After a restart: claims this project created that still wait for their node count as in flight."""
+        now = self._clock()
+        for claim in self.port.nodeclaims():
+            meta = claim.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            name = str(meta.get("name") or "")
+            if EXPANSION_LABEL not in labels or not name or name in self.inflight:
+                continue
+            status = claim.get("status") or {}
+            if self.port.node_arrived(str(status.get("nodeName") or ""), str(status.get("providerID") or "")):
+                continue
+            template = str((meta.get("annotations") or {}).get(TEMPLATE_NODE_ANNOTATION) or "")
+            self.inflight.add(name, claim, list(self.port.node_gpus(template)) if template else [], now)
+
+    def track_karpenter_claims(self) -> None:
+        """Karpenter's own claims whose node is not initialized yet count as in flight (one provisioner per
+        pod), with the GPUs their node will have when known (``karpenter.claim_devices``)."""
+        now = self._clock()
+        nodes: Sequence[Mapping[str, Any]] | None = None
+        for claim in self.port.nodeclaims():
+            name = str((claim.get("metadata") or {}).get("name") or "")
+            if not name or name in self.inflight or is_ours(claim) or not still_coming(claim):
+                continue
+            status = claim.get("status") or {}
+            if self.port.node_arrived(str(status.get("nodeName") or ""), str(status.get("providerID") or "")):
+                continue
+            if nodes is None:
+                nodes = self.port.all_nodes()
+            devices = claim_devices(claim, nodes, self.port.node_gpus)
+            self.inflight.add(name, claim, devices, now, external=True)
+            log.info("counting Karpenter's NodeClaim as in flight",
+                     extra={"claim": name, "gpus": len(devices)})
+
+    def _check_nodepools(self, now: float) -> None:
+        """A Warning event, once per NodePool and policy, on GPU NodePools consolidated GPU-blind."""
+        last = self._nodepools_checked_at
+        if last is not None and now - last < NODEPOOL_CHECK_SECONDS:
+            return
+        self._nodepools_checked_at = now
+        with_gpu_nodes = {str(((n.get("metadata") or {}).get("labels") or {}).get(NODEPOOL_LABEL))
+                          for n in self.port.all_nodes()
+                          if self.port.node_gpus(str((n.get("metadata") or {}).get("name") or ""))}
+        for nodepool in self.port.all_nodepools():
+            meta = nodepool.get("metadata") or {}
+            key = f"{meta.get('uid')}/{consolidation_policy(nodepool)}"
+            name = str(meta.get("name") or "")
+            if self._warned_nodepools.get(name) == key or not is_gpu_nodepool(nodepool, with_gpu_nodes):
+                continue
+            self._warned_nodepools[name] = key
+            warning = consolidation_warning(nodepool)
+            if warning is not None:
+                self.port.record(nodepool, REASON_CONSOLIDATION, warning, "Warning")
+                log.warning("GPU NodePool consolidates GPU-blind", extra={"nodepool": name})
+
+    async def _nominated(self, ref: PodRef) -> list[str]:
+        try:
+            return nominated_claims(await self.port.pod_events(ref.namespace, ref.uid))
+        except Exception as exc:  # without them only the claims' GPUs tell
+            log.warning("cannot read the pod's events", extra={"pod": str(ref), "error": repr(exc)})
+            return []
+
+    async def _process(self, entry: Queued) -> None:
+        ref, request = entry.pod, entry.request
+        pod = await self.port.read_pod(ref.namespace, ref.name)
+        provisioner = (self.placeholders.provisioner(self.port.gpupool(request.pool))
+                       if self.placeholders is not None else Provisioner.KARPENTER)
+        to_autoscaler = provisioner is Provisioner.CLUSTER_AUTOSCALER
+        if pod is not None and self.placeholders is not None and to_autoscaler:
+            await self.placeholders.provide(pod, request, entry.candidates)
+            return
+        self.track_karpenter_claims()
+        nominated = await self._nominated(ref) if pod is not None else []
+        decision = decide(pod, ref.uid, request, entry.candidates, self.port, self.inflight, self._new_id(),
+                          nominated)
+        if isinstance(decision, Skip) or pod is None:
+            log.info("expansion skipped", extra={"pod": str(ref), "reason": getattr(decision, "reason", "")})
+            self.flagged.forget(ref.uid)
+        elif isinstance(decision, WaitForClaim):
+            self.inflight.assign(decision.claim, pod, request)
+            whose = "Karpenter's NodeClaim" if decision.karpenter else "NodeClaim"
+            self.port.record(pod, REASON_WAITING,
+                             f"{whose} {decision.claim}, already on its way, has room for this pod: "
+                             "no new node is created")
+        elif isinstance(decision, WaitForSlot):
+            self._slot_waiters[ref.uid] = entry
+            if not entry.announced_wait:
+                entry.announced_wait = True
+                self.port.record(pod, REASON_WAITING,
+                                 f"{decision.in_flight} NodeClaims are in flight (max "
+                                 f"{self.config.max_in_flight}): the pod waits for one to finish")
+        elif isinstance(decision, LeaveToKarpenter):
+            self.port.record(pod, REASON_SKIPPED, decision.message)
+        elif isinstance(decision, NoTemplate):
+            if self.placeholders is not None and provisioner is Provisioner.AUTO:
+                await self.placeholders.provide(pod, request, entry.candidates)
+            else:
+                self.port.record(pod, REASON_FAILED, decision.message, "Warning")
+        elif isinstance(decision, Create):
+            await self._create(pod, entry, decision)
+
+    async def _create(self, pod: dict[str, Any], entry: Queued, decision: Create) -> None:
+        try:
+            created = await self.port.create_nodeclaim(decision.body)
+        except Exception as exc:
+            self.flagged.forget(entry.pod.uid)  # the next rejection tries again
+            self.port.record(pod, REASON_FAILED,
+                             f"creating a NodeClaim in NodePool {decision.nodepool} failed: {exc}", "Warning")
+            return
+        name = str((created.get("metadata") or {}).get("name") or "")
+        self.inflight.add(name, created, list(decision.devices), self._clock())
+        self.inflight.assign(name, pod, entry.request)
+        self.metrics.nodeclaims_created.labels(nodepool=decision.nodepool).inc()
+        instance_type = _requirement_value(decision.body, INSTANCE_TYPE) or "instance type left to Karpenter"
+        source = (f"a copy of node {decision.template_node}" if decision.template_node
+                  else f"from the NodePool's template: pool {entry.request.pool} has no GPU node for it yet")
+        self.port.record(pod, REASON_COMPLETED,
+                         f"created NodeClaim {name} in NodePool {decision.nodepool} ({instance_type}, "
+                         f"{source}) for this pod")
+
+    def _depart(self, departures: Sequence[Departure]) -> None:
+        for departure in departures:
+            log.info("claim left the in-flight set",
+                     extra={"claim": departure.claim, "reason": departure.reason.value})
+            arrived = departure.reason in (LeaveReason.REGISTERED, LeaveReason.READY)
+            for ref in departure.pods:
+                if arrived:
+                    # The scheduler needs a moment to try the new node; a rejection in between must not
+                    # buy another one at once.
+                    self._grace[ref.uid] = self._clock() + self.arrival_grace
+                else:
+                    self.flagged.forget(ref.uid)
+                if departure.reason is LeaveReason.TIMEOUT:
+                    self.port.record(ref.as_object(), REASON_FAILED,
+                                     f"NodeClaim {departure.claim} got no node within "
+                                     f"{self.config.claim_timeout_seconds:g}s; the pod is considered again "
+                                     "at its next scheduling failure", "Warning")
+        if departures and self._slot_waiters:
+            # After the delay, so the scheduler first tries the node that just arrived.
+            due = self._clock() + self.config.delay_seconds
+            for entry in self._slot_waiters.values():
+                self._push(entry, due)
+            self._slot_waiters.clear()
+
+
+def _requirement_value(body: Mapping[str, Any], key: str) -> str:
+    for requirement in (body.get("spec") or {}).get("requirements") or []:
+        if requirement.get("key") == key and requirement.get("values"):
+            return str(requirement["values"][0])
+    return ""

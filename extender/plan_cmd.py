@@ -1,0 +1,105 @@
+"""``tf-extender plan``: the actions the capacity controllers would take now, from a snapshot file.
+
+The snapshot is the multi-document YAML of ``simulate`` (Nodes, GPUs, GPUPools, SchedulingConfigTemplates,
+pods) plus GPUNodeClaims, NodeClaims, NodePools, PodDisruptionBudgets and the Karpenter NodeClasses the
+pools refer to (any kind ending in ``NodeClass``). Nothing is written to any cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from extender.controllers.capacity.compaction_plan import plan_compaction
+from extender.controllers.capacity.launch_plan import plan_launches
+from extender.controllers.defrag.offline import plan_defrag
+from extender.planning.action import Planner, plan
+from extender.planning.amounts import CapacityError
+from extender.planning.catalog import DEFAULT_CATALOG, Catalog, parse_catalog
+from extender.planning.inputs import Inputs
+from extender.planning.pool import parse_time
+from extender.planning.removal import DEFAULT_PROTECTION_SECONDS
+from extender.scheduling.inventory import object_name
+from extender.scheduling.state import ClusterState
+from extender.simulate_cmd import load_cluster, read_objects
+
+# The planners ``plan`` runs by default, in order; other planners register here with their own flag.
+DEFAULT_PLANNERS: list[Planner] = [plan_launches, plan_compaction]
+
+
+def _kind(obj: dict[str, Any]) -> str:
+    return str(obj.get("kind") or "")
+
+
+def _group(obj: dict[str, Any]) -> str:
+    api_version = str(obj.get("apiVersion") or "")
+    return api_version.split("/", 1)[0] if "/" in api_version else ""
+
+
+def snapshot_inputs(objects: Sequence[dict[str, Any]], *, now: dt.datetime,
+                    catalog: Catalog = DEFAULT_CATALOG,
+                    protection_seconds: float = DEFAULT_PROTECTION_SECONDS) -> Inputs:
+    """The planners' inputs from snapshot objects, with the extender's own inventory code."""
+    state = ClusterState()
+    load_cluster(state, objects)
+
+    def of(kind: str) -> list[dict[str, Any]]:
+        return [o for o in objects if _kind(o) == kind]
+
+    return Inputs(
+        now=now, state=state, pools=of("GPUPool"),
+        nodes={object_name(n): n for n in of("Node")}, gpunodeclaims=of("GPUNodeClaim"),
+        nodeclaims=of("NodeClaim"), nodepools=of("NodePool"), pdbs=of("PodDisruptionBudget"),
+        pods=of("Pod"),
+        node_classes=frozenset((_group(o), _kind(o), object_name(o)) for o in objects
+                               if _kind(o).endswith("NodeClass")),
+        catalog=catalog, protection_seconds=protection_seconds,
+    )
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cluster", required=True, metavar="SNAPSHOT.yaml",
+                        help="Nodes, GPUs, GPUPools, pods, GPUNodeClaims, NodeClaims, NodePools, PDBs and "
+                             "NodeClasses (kubectl get -o yaml output, several documents or Lists)")
+    parser.add_argument("--catalog", metavar="CATALOG.yaml", default=None,
+                        help="instance types over the built-in catalog (a file or a ConfigMap manifest)")
+    parser.add_argument("--now", metavar="RFC3339", default=None,
+                        help="the time to plan at, for node ages (default: now)")
+    parser.add_argument("--defrag", action="store_true",
+                        help="also plan defragmentation: the evictions a run would make now in pools that "
+                             "enable it, and the candidate nodes it would leave as they are")
+    parser.add_argument("--protection-time", type=float, default=DEFAULT_PROTECTION_SECONDS,
+                        metavar="SECONDS",
+                        help="empty nodes younger than this are never released (default 300)")
+
+
+def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = None) -> int:
+    now = dt.datetime.now(dt.UTC)
+    if args.now:
+        parsed = parse_time(args.now)
+        if parsed is None:
+            print(f"tf-extender plan: --now {args.now!r} is not an RFC 3339 time", file=sys.stderr)
+            return 2
+        now = parsed
+    try:
+        with open(args.cluster, encoding="utf-8") as handle:
+            objects = read_objects(handle.read())
+        catalog = DEFAULT_CATALOG
+        if args.catalog:
+            with open(args.catalog, encoding="utf-8") as handle:
+                catalog = parse_catalog(handle.read())
+    except (OSError, yaml.YAMLError, CapacityError) as exc:
+        print(f"tf-extender plan: {exc}", file=sys.stderr)
+        return 2
+    inputs = snapshot_inputs(objects, now=now, catalog=catalog, protection_seconds=args.protection_time)
+    if planners is None:
+        planners = [*DEFAULT_PLANNERS, *([plan_defrag] if getattr(args, "defrag", False) else [])]
+    for action in plan(inputs, planners):
+        print(json.dumps(action.as_json()))
+    return 0

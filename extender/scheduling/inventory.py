@@ -1,0 +1,159 @@
+"""GPU inventory read from API objects (DESIGN §4): TensorFusion GPU objects, GFD node labels, pools.
+
+TFLOPS are kept as integer nano-TFLOPS so that capacity arithmetic is exact and fast; requests round
+up and capacities round down, so rounding can never hand out more than a GPU has.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from extender.common.contract import DEFAULT_POOL_ANNOTATION, POOL_LABEL_ON_GPU, USED_BY_TAINT_VALUE
+from extender.common.quantity import QuantityError, parse_quantity
+from extender.scheduling import gpu_models
+
+NANO = 10**9
+HOSTNAME_KEY = "kubernetes.io/hostname"
+GFD_COUNT = "nvidia.com/gpu.count"
+GFD_PRODUCT = "nvidia.com/gpu.product"
+GFD_MEMORY = "nvidia.com/gpu.memory"
+GFD_LABELS = (GFD_COUNT, GFD_PRODUCT, GFD_MEMORY)
+RUNNING = "Running"
+MAX_SYNTHETIC_GPUS = 64
+
+
+@dataclass(frozen=True)
+class GPUDevice:
+    name: str
+    node: str
+    pool: str | None
+    model: str
+    vendor: str
+    index: int | None
+    phase: str
+    used_by: str
+    isolation_mode: str
+    capacity_tflops: int  # nano-TFLOPS
+    capacity_vram: int  # bytes
+    synthetic: bool = False
+
+    @property
+    def schedulable(self) -> bool:
+        return self.phase == RUNNING and self.used_by in ("", USED_BY_TAINT_VALUE)
+
+
+def nano_tflops_floor(value: Fraction) -> int:
+    return math.floor(value * NANO)
+
+
+def nano_tflops_ceil(value: Fraction) -> int:
+    return math.ceil(value * NANO)
+
+
+def tflops_of(nano: int) -> Fraction:
+    return Fraction(nano, NANO)
+
+
+def _quantity(raw: object) -> Fraction | None:
+    if isinstance(raw, bool) or raw is None:
+        return None
+    if isinstance(raw, int | float):
+        return Fraction(str(raw))
+    try:
+        value = parse_quantity(str(raw)).value
+    except QuantityError:
+        return None
+    return value if value >= 0 else None
+
+
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (obj.get("metadata") or {}).get("labels") or {}
+
+
+def gpu_from_object(obj: Mapping[str, Any]) -> GPUDevice | None:
+    """A TensorFusion GPU object as a device, or None when it lacks a name, node or capacity."""
+    name = (obj.get("metadata") or {}).get("name")
+    status = obj.get("status") or {}
+    node = (status.get("nodeSelector") or {}).get(HOSTNAME_KEY)
+    capacity = status.get("capacity") or {}
+    tflops = _quantity(capacity.get("tflops"))
+    vram = _quantity(capacity.get("vram"))
+    if not name or not node or tflops is None or vram is None:
+        return None
+    index = status.get("index")
+    pool = _labels(obj).get(POOL_LABEL_ON_GPU)
+    return GPUDevice(
+        name=str(name),
+        node=str(node),
+        pool=str(pool) if pool else None,
+        model=str(status.get("gpuModel") or ""),
+        vendor=str(status.get("vendor") or "NVIDIA"),
+        index=index if isinstance(index, int) and not isinstance(index, bool) else None,
+        phase=str(status.get("phase") or "Pending"),
+        used_by=str(status.get("usedBy") or ""),
+        isolation_mode=str(status.get("isolationMode") or "soft"),
+        capacity_tflops=nano_tflops_floor(tflops),
+        capacity_vram=math.floor(vram),
+    )
+
+
+def has_gfd_labels(labels: Mapping[str, Any]) -> bool:
+    return GFD_COUNT in labels and GFD_PRODUCT in labels
+
+
+def gpus_from_node_labels(node: str, labels: Mapping[str, Any], default_pool: str | None) -> list[GPUDevice]:
+    """One synthetic device per GPU that GPU Feature Discovery reports; none for unknown products."""
+    raw_count = str(labels.get(GFD_COUNT, ""))
+    spec = gpu_models.lookup(str(labels.get(GFD_PRODUCT, "")))
+    if spec is None or not raw_count.isdigit():
+        return []
+    count = min(int(raw_count), MAX_SYNTHETIC_GPUS)
+    memory = str(labels.get(GFD_MEMORY, ""))
+    vram = int(memory) << 20 if memory.isdigit() and int(memory) > 0 else spec.vram
+    pool = labels.get(POOL_LABEL_ON_GPU) or default_pool
+    return [
+        GPUDevice(
+            name=f"{node}-gpu-{i}",
+            node=node,
+            pool=str(pool) if pool else None,
+            model=spec.model,
+            vendor=spec.vendor,
+            index=i,
+            phase=RUNNING,
+            used_by="",
+            isolation_mode="soft",
+            capacity_tflops=nano_tflops_floor(spec.tflops),
+            capacity_vram=vram,
+            synthetic=True,
+        )
+        for i in range(count)
+    ]
+
+
+def object_name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
+
+
+def node_labels(obj: Mapping[str, Any]) -> dict[str, str]:
+    """The labels of a Node that matter to the inventory."""
+    labels = _labels(obj)
+    return {k: str(v) for k, v in labels.items() if k in GFD_LABELS or k == POOL_LABEL_ON_GPU}
+
+
+def pool_template(obj: Mapping[str, Any]) -> str | None:
+    template = (obj.get("spec") or {}).get("schedulingConfigTemplate")
+    return str(template) if template else None
+
+
+def pool_is_default(obj: Mapping[str, Any]) -> bool:
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(DEFAULT_POOL_ANNOTATION, "")).lower() == "true"
+
+
+def template_mode(obj: Mapping[str, Any]) -> str | None:
+    mode = ((obj.get("spec") or {}).get("placement") or {}).get("mode")
+    return str(mode) if mode else None
