@@ -19,7 +19,7 @@ from extender.common.contract import GPU_POOL
 from extender.common.tasks import cancel_and_wait
 from extender.controllers.capacity.compactor import Compactor, CompactorMetrics
 from extender.controllers.capacity.config import CapacityConfig
-from extender.controllers.capacity.launcher import Provisioner, ProvisionerMetrics
+from extender.controllers.capacity.launcher import Launcher, LauncherMetrics
 from extender.controllers.capacity.port import KubePort, LiveView, ObjectStore, run_caches
 from extender.kube.client import error_message
 from extender.kube.events import EventRecorder
@@ -42,7 +42,7 @@ class CapacityControllers:
         self.config = config
         self.port = KubePort(api_client, recorder)
         self.view = LiveView(config, api_client, state, nodes=nodes, pools=pools, pods=pods, port=self.port)
-        self.provisioner = Provisioner(self.view, self.port, ProvisionerMetrics(registry))
+        self.provisioner = Launcher(self.view, self.port, LauncherMetrics(registry))
         self.compactor = Compactor(self.view, self.port, CompactorMetrics(registry),
                                    config.manual_window_seconds)
         self.leader = LeaseKeeper(
