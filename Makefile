@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: test unit e2e lint typecheck venv demo bench control-plane clean
+.PHONY: test unit e2e lint typecheck venv demo bench control-plane clean docs
 
 $(BIN)/tf-extender: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ typecheck: venv
 
 unit: venv
 	$(BIN)/pytest -m "not e2e" $(PYTEST_ARGS)
+
+## make docs: regenerate docs/reference/flags.md and metrics.md from the parsers and metric registries
+docs: venv
+	$(BIN)/python -m tools.docgen
 
 control-plane:
 	bash tests/e2e/build-control-plane.sh

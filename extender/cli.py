@@ -7,25 +7,38 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from extender.common import eventloop
+from extender.controllers import gpustatus, nudge, preemptor
 from extender.controllers.capacity import config as capacity_config
+from extender.controllers.defrag import config as defrag_config
 from extender.controllers.expansion import config as expansion_config
 from extender.controllers.expansion import provisioner as autoscaler_config
 from extender.scheduling.state import InventorySource
 
 if TYPE_CHECKING:
-    from extender.service import ExtenderService
+    from extender.service import ExtenderService, Settings
 
 log = logging.getLogger(__name__)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tf-extender", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+# The option groups of ``tf-extender serve`` beyond the process's own (below), each declared by the
+# controller package it configures, gathered here into the one parser.
+CONTROLLER_OPTIONS: tuple[Callable[[argparse.ArgumentParser], None], ...] = (
+    preemptor.add_arguments,
+    nudge.add_arguments,
+    gpustatus.add_arguments,
+    defrag_config.add_arguments,
+    expansion_config.add_arguments,
+    autoscaler_config.add_arguments,
+    capacity_config.add_arguments,
+)
 
-    serve = commands.add_parser("serve", help="run the kube-scheduler HTTP extender")
+
+def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
+    """The process's own flags (API access, the HTTP face, the scheduling core), then every controller's."""
     serve.add_argument("--port", type=int, default=8080,
                        help="port of the verbs, /healthz, /readyz and /metrics")
     serve.add_argument("--bind-address", default="127.0.0.1",
@@ -46,8 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
                             "auto: GPU objects where a node has them, labels elsewhere (default auto)")
     serve.add_argument("--max-pods-per-node", type=_positive, default=256,
                        help="at most this many GPU pods per node (default 256)")
-    serve.add_argument("--no-preemptor", action="store_true",
-                       help="do not delete lower-priority GPU pods for pods that fit nowhere")
     serve.add_argument("--bind-deadline", type=_positive_seconds, default=55.0,
                        help="answer a bind within this many seconds, even while its outcome is still being "
                             "found out; keep it below the scheduler's extender httpTimeout (default 55)")
@@ -56,25 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
                             "kube-scheduler skips prioritize (one extender call per pod instead of two); "
                             "--no-filter-first-choice answers every fitting node and lets the scheduler's "
                             "scoring weigh them (default on)")
-    serve.add_argument("--nudge-scheduler", action=argparse.BooleanOptionalAction, default=True,
-                       help="when room appears on a node after a GPU pod was turned away, update the node's "
-                            "tensor-fusion.ai/gpu-room-seen annotation so kube-scheduler retries the pod "
-                            "now rather than at its next periodic retry, up to 5 minutes later (default on)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    serve.add_argument("--write-gpu-status", action="store_true",
-                       help="keep GPU status.available / status.runningApps and GPUPool status totals in "
-                            "step with the extender's ledger (off when another component owns them)")
-    serve.add_argument("--gpu-status-interval", type=float, default=1.0,
-                       help="seconds between status passes: at most one write per GPU per pass (default 1)")
-    serve.add_argument("--defrag", action=argparse.BooleanOptionalAction, default=True,
-                       help="run defragmentation for GPUPools that enable it (nodeCompaction.defrag) or "
-                            "carry the tensor-fusion.ai/manual-defrag annotation (default on)")
-    serve.add_argument("--defrag-replacement-timeout", type=float, default=300.0, metavar="SECONDS",
-                       help="how long a defragmentation run waits for an evicted pod's replacement to be "
-                            "bound before it stops (default 300)")
-    expansion_config.add_arguments(serve)
-    autoscaler_config.add_arguments(serve)
-    capacity_config.add_arguments(serve)
+    for add_arguments in CONTROLLER_OPTIONS:
+        add_arguments(serve)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tf-extender", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    add_serve_arguments(commands.add_parser("serve", help="run the kube-scheduler HTTP extender"))
 
     simulate = commands.add_parser("simulate", help="place pods on a cluster snapshot, offline")
     try:
@@ -119,9 +121,8 @@ def main(argv: list[str] | None = None) -> int:
 def serve(args: argparse.Namespace) -> int:
     from certs.authority import CertificateError
     from extender.common.logs import setup_logging
-    from extender.controllers.gpustatus import StatusSettings
     from extender.kube.client import KubeConfigError, load_api_client
-    from extender.service import ExtenderService, Settings
+    from extender.service import ExtenderService
 
     setup_logging(args.log_level)
     try:
@@ -129,18 +130,7 @@ def serve(args: argparse.Namespace) -> int:
     except KubeConfigError as exc:
         print(f"tf-extender: {exc}", file=sys.stderr)
         return 2
-    settings = Settings(
-        port=args.port, bind_address=args.bind_address, prefix=args.prefix, cert_dir=args.cert_dir,
-        metrics_port=args.metrics_port, metrics_bind_address=args.metrics_bind_address,
-        inventory=InventorySource(args.inventory_source), max_pods_per_node=args.max_pods_per_node,
-        preemptor=not args.no_preemptor, expansion=expansion_config.from_args(args),
-        gpu_status=StatusSettings(interval=args.gpu_status_interval) if args.write_gpu_status else None,
-        defrag=args.defrag, defrag_replacement_timeout=args.defrag_replacement_timeout,
-        autoscaler=autoscaler_config.from_args(args),
-        capacity=capacity_config.from_args(args, lease_namespace=args.expansion_lease_namespace),
-        bind_deadline=args.bind_deadline, filter_first_choice=args.filter_first_choice,
-        nudge_scheduler=args.nudge_scheduler,
-    )
+    settings = settings_from_args(args)
     try:
         eventloop.run(_run(ExtenderService(api_client, settings)))
     except (OSError, CertificateError) as exc:  # port in use, unreadable certificates ...
@@ -148,6 +138,22 @@ def serve(args: argparse.Namespace) -> int:
         print(f"tf-extender: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """``serve``'s flags as the service's settings, each controller's read by its own package."""
+    from extender.service import Settings
+
+    return Settings(
+        port=args.port, bind_address=args.bind_address, prefix=args.prefix, cert_dir=args.cert_dir,
+        metrics_port=args.metrics_port, metrics_bind_address=args.metrics_bind_address,
+        inventory=InventorySource(args.inventory_source), max_pods_per_node=args.max_pods_per_node,
+        bind_deadline=args.bind_deadline, filter_first_choice=args.filter_first_choice,
+        preemptor=preemptor.from_args(args), nudge_scheduler=nudge.from_args(args),
+        gpu_status=gpustatus.from_args(args), defrag=defrag_config.from_args(args),
+        expansion=expansion_config.from_args(args), autoscaler=autoscaler_config.from_args(args),
+        capacity=capacity_config.from_args(args),
+    )
 
 
 async def _run(service: ExtenderService) -> None:

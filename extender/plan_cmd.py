@@ -18,7 +18,7 @@ import yaml
 
 from extender.controllers.capacity.compaction_plan import plan_compaction
 from extender.controllers.capacity.launch_plan import plan_launches
-from extender.controllers.defrag.offline import plan_defrag
+from extender.controllers.defrag.plan import plan_defrag
 from extender.planning.action import Planner, plan
 from extender.planning.amounts import CapacityError
 from extender.planning.catalog import DEFAULT_CATALOG, Catalog, parse_catalog

@@ -1,5 +1,6 @@
-"""Wiring of the extender: watch caches feeding the cluster state, the binder, the preemptor, the
-HTTP server, and an orderly shutdown.
+"""Wiring of the extender: one set of watch caches feeding the cluster state and the controllers, the
+binder, one flat list of controllers (``controllers.Controller``, each a named loop, started and stopped
+in one place), the HTTP server, and an orderly shutdown.
 
 What the caches watch:
 
@@ -9,13 +10,16 @@ What the caches watch:
   ``tensor-fusion.ai/gpu-ids`` is seen, while the (usually far larger) rest of the cluster's pods is
   not held in memory. A label selector cannot express "has the gpu-ids annotation".
 
+- NodeClaims, when node expansion or the capacity controllers run: one cache that both read. A cache that
+  only one controller reads (NodePools, GPUNodeClaims, the placeholder and reservation pods, narrowed to
+  one namespace and label) belongs to that controller.
+
 The custom resources are optional: a cluster without the CRD installed counts as having none.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 from collections.abc import Callable, Sequence
@@ -25,24 +29,26 @@ from typing import Any
 from aiohttp import web
 from kubernetes import client
 
+from extender import controllers
 from extender.common.contract import COMPONENT_LABEL, COMPONENT_WORKER
+from extender.controllers import Controller, Loop
 from extender.controllers.capacity.config import CapacityConfig
 from extender.controllers.capacity.loop import CapacityControllers
+from extender.controllers.defrag.config import DefragOptions
 from extender.controllers.defrag.port import kube_defragmenter
-from extender.controllers.defrag.runner import Defragmenter
 from extender.controllers.expansion.config import ExpansionConfig
 from extender.controllers.expansion.placeholder_port import attach_placeholders
 from extender.controllers.expansion.port import SharedCaches, kube_expander
 from extender.controllers.expansion.provisioner import AutoscalerConfig
 from extender.controllers.expansion.reservations import ReservationKeeper
 from extender.controllers.gpustatus import GPUStatusWriter, KubeStatusApi, StatusSettings
+from extender.controllers.leadership import Leadership
 from extender.controllers.nudge import SchedulerNudger
 from extender.controllers.preemptor import Preemptor
 from extender.kube import resources
 from extender.kube.aio import AsyncKube
 from extender.kube.events import EventRecorder
 from extender.kube.informer import WatchCache
-from extender.kube.lease import LeaseKeeper
 from extender.kube.pods import KubePodApi
 from extender.scheduling.ledger import Allocation, Distrust
 from extender.scheduling.pdb import PdbGuard
@@ -86,11 +92,14 @@ class Settings:
     shutdown_timeout: float = 15.0
     expansion: ExpansionConfig = field(default_factory=ExpansionConfig)
     gpu_status: StatusSettings | None = None  # --write-gpu-status
-    defrag: bool = True
-    defrag_replacement_timeout: float = 300.0
-    defrag_tick: float = 5.0
+    defrag: DefragOptions = field(default_factory=DefragOptions)
     autoscaler: AutoscalerConfig = field(default_factory=AutoscalerConfig)
     capacity: CapacityConfig = field(default_factory=lambda: CapacityConfig(enabled=False))
+
+    @property
+    def leader_elected(self) -> bool:
+        """Whether a controller that acts on the whole cluster runs, so the process elects a leader."""
+        return self.expansion.enabled or self.capacity.enabled or self.defrag.enabled
 
 
 def build_caches(api_client: client.ApiClient, state: ClusterState,
@@ -111,6 +120,15 @@ def build_caches(api_client: client.ApiClient, state: ClusterState,
     if inventory is not InventorySource.NODE_LABELS:
         caches["gpus"] = WatchCache(api_client, resources.GPUS, on_change=feed(Kind.GPU), name="gpus",
                                     optional=inventory is InventorySource.AUTO)
+    return caches
+
+
+def build_controller_caches(api_client: client.ApiClient, settings: Settings) -> dict[str, WatchCache]:
+    """The caches more than one controller reads, beyond the cluster state's: run with the others, but
+    not waited for by readiness (the verbs never read them)."""
+    caches: dict[str, WatchCache] = {}
+    if settings.expansion.enabled or settings.capacity.enabled:
+        caches["nodeclaims"] = WatchCache(api_client, resources.NODECLAIMS, optional=True, name="nodeclaims")
     return caches
 
 
@@ -140,21 +158,23 @@ class ExtenderService:
             self.pdb = PdbGuard(self.caches["pods"], self.caches["poddisruptionbudgets"])
         self.preemptor = (Preemptor(self.state, pod_api, self.recorder, self.metrics, pdb=self.pdb)
                           if settings.preemptor else None)
+        self.controller_caches = build_controller_caches(api_client, settings)
+        nodeclaims = self.controller_caches.get("nodeclaims")
+        self.leadership = (Leadership.of(api_client, settings.expansion.lease_namespace)
+                           if settings.leader_elected else None)
         shared = SharedCaches(nodes=self.caches["nodes"], gpupools=self.caches["gpupools"],
-                              gpu_pods=self.caches["pods"])
+                              gpu_pods=self.caches["pods"], nodeclaims=nodeclaims)
         self.expander = (kube_expander(settings.expansion, api_client, self.state, self.recorder, shared,
-                                       self.metrics.registry) if settings.expansion.enabled else None)
+                                       self.metrics.registry, leader=self._leadership().follower())
+                         if settings.expansion.enabled else None)
         self.status_writer = (GPUStatusWriter(
             self.state, KubeStatusApi(api_client), gpus=self.caches.get("gpus") or _NoObjects(),
             pools=self.caches["gpupools"], pods=self.caches["pods"], settings=settings.gpu_status,
             registry=self.metrics.registry, ready=self._all_synced) if settings.gpu_status else None)
-        self.defragmenter: Defragmenter | None = None
-        self.defrag_lease: LeaseKeeper | None = None
-        if settings.defrag:
-            self.defragmenter, self.defrag_lease = kube_defragmenter(
-                api_client, self.caches, self.state, self.recorder, self.metrics.registry,
-                lease_namespace=settings.expansion.lease_namespace,
-                replacement_timeout=settings.defrag_replacement_timeout, tick_seconds=settings.defrag_tick)
+        self.defragmenter = (kube_defragmenter(
+            api_client, self.caches, self.state, self.recorder, self.metrics.registry,
+            leader=self._leadership(), replacement_timeout=settings.defrag.replacement_timeout,
+            tick_seconds=settings.defrag.tick_seconds) if settings.defrag.enabled else None)
         if self.expander is not None:
             attach_placeholders(self.expander, settings.autoscaler, api_client, self.caches["pods"])
         self.reservations = (ReservationKeeper(settings.autoscaler, api_client, self.state,
@@ -164,7 +184,8 @@ class ExtenderService:
         self.capacity = (CapacityControllers(
             settings.capacity, api_client, self.state, nodes=self.caches["nodes"],
             pools=self.caches["gpupools"], pods=self.caches["pods"], recorder=self.recorder,
-            registry=self.metrics.registry, ready=self._all_synced) if settings.capacity.enabled else None)
+            registry=self.metrics.registry, ready=self._all_synced, leader=self._leadership(),
+            nodeclaims=nodeclaims) if settings.capacity.enabled else None)
         all_observers = list(observers)
         if self.preemptor is not None:
             all_observers.append(self.preemptor.consider)
@@ -183,6 +204,34 @@ class ExtenderService:
                                  pdb=self.pdb)
         self.metrics.on_scrape(self.refresh_gauges)
         self.metrics.registry.register(StrandedCollector(self.caches["pods"], self.caches["nodes"]))
+
+    def _leadership(self) -> Leadership:
+        if self.leadership is None:
+            raise RuntimeError("a leader-elected controller runs without the process's leadership")
+        return self.leadership
+
+    def controllers(self) -> list[Controller]:
+        """Every loop of the process, in start order: the watches, then each enabled controller."""
+        out: list[Controller] = [Loop(f"watch-{name}", cache.run)
+                                 for name, cache in (*self.caches.items(), *self.controller_caches.items())]
+        if self.leadership is not None:
+            out.append(Loop("leader", self.leadership.run))
+        if self.preemptor is not None:
+            out.append(Loop("preemptor", self.preemptor.run))
+        if self.expander is not None:
+            out.append(Loop("expander", self.expander.run))
+        if self.status_writer is not None:
+            out.append(Loop("gpu-status", self.status_writer.run))
+        if self.defragmenter is not None:
+            out.append(Loop("defrag", self._defrag_after_sync))
+        if self.reservations is not None:
+            out.append(Loop("gpu-reservations", self.reservations.run))
+        if self.capacity is not None:
+            out.append(Loop("capacity", self.capacity.run))
+        if self.nudger is not None:
+            out.append(Loop("scheduler-nudge", self.nudger.run))
+        out.append(Loop("gc-freeze", self._freeze_after_sync))
+        return out
 
     def distrusted(self, allocation: Allocation, reason: Distrust, message: str) -> None:
         """The ledger did not believe a pod's allocation record: say so in the log, a metric and an event
@@ -232,42 +281,27 @@ class ExtenderService:
         gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
         log.info("caches synced", extra={"caches": sorted(self.caches)})
 
-    async def _defrag_after_sync(self, defragmenter: Defragmenter) -> None:
+    async def _defrag_after_sync(self) -> None:
+        if self.defragmenter is None:
+            return
         await asyncio.gather(*(cache.synced.wait() for cache in self.caches.values()))
-        await defragmenter.run()
+        await self.defragmenter.run()
 
     def app(self) -> web.Application:
         return create_app(self.handlers, prefix=self.settings.prefix)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then stop accepting, finish in-flight binds and return."""
-        tasks = [asyncio.create_task(cache.run(), name=f"watch-{name}")
-                 for name, cache in self.caches.items()]
-        if self.preemptor is not None:
-            tasks.append(asyncio.create_task(self.preemptor.run(), name="preemptor"))
-        if self.expander is not None:
-            tasks.append(asyncio.create_task(self.expander.run(), name="expander"))
-        if self.status_writer is not None:
-            tasks.append(asyncio.create_task(self.status_writer.run(), name="gpu-status"))
-        if self.defragmenter is not None and self.defrag_lease is not None:
-            tasks.append(asyncio.create_task(self.defrag_lease.run(), name="defrag-lease"))
-            tasks.append(asyncio.create_task(self._defrag_after_sync(self.defragmenter), name="defrag"))
-        if self.reservations is not None:
-            tasks.append(asyncio.create_task(self.reservations.run(), name="gpu-reservations"))
-        if self.capacity is not None:
-            tasks.append(asyncio.create_task(self.capacity.run(), name="capacity"))
-        if self.nudger is not None:
-            tasks.append(asyncio.create_task(self.nudger.run(), name="scheduler-nudge"))
-        tasks.append(asyncio.create_task(self._freeze_after_sync(), name="gc-freeze"))
+        tasks = controllers.start(self.controllers())
         await self.recorder.start()
         ssl_context = None
         if self.settings.cert_dir:
             from certs.reload import serving_context, watch_certificates
 
             ssl_context = serving_context(self.settings.cert_dir)
-            tasks.append(asyncio.create_task(
-                watch_certificates(ssl_context, self.settings.cert_dir, self.settings.cert_interval),
-                name="certificates"))
+            cert_dir, interval = self.settings.cert_dir, self.settings.cert_interval
+            tasks += controllers.start([Loop("certificates",
+                                             lambda: watch_certificates(ssl_context, cert_dir, interval))])
         runner = web.AppRunner(self.app(), shutdown_timeout=self.settings.shutdown_timeout,
                                access_log=None)
         await runner.setup()
@@ -294,11 +328,7 @@ class ExtenderService:
             await runner.cleanup()  # stops listening, then waits for requests in flight
             await self.binder.drain(self.settings.shutdown_timeout)
             bind_log.flush()  # the bind lines still waiting for their write
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            await controllers.stop(tasks)
             await self.recorder.stop()
             await self.kube.close()
 

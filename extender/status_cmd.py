@@ -29,7 +29,7 @@ DEFAULT_PROVISIONING = "AutoSelect"
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class StatusSnapshot:
     nodes: list[dict[str, Any]]
     gpus: list[dict[str, Any]]
     pools: list[dict[str, Any]]
@@ -83,7 +83,7 @@ def _claim_state(claim: Mapping[str, Any]) -> str:
     return "Created"
 
 
-def build_report(snapshot: Snapshot) -> dict[str, Any]:
+def build_report(snapshot: StatusSnapshot) -> dict[str, Any]:
     state = ClusterState()
     for kind, objects in ((Kind.TEMPLATE, snapshot.templates), (Kind.POOL, snapshot.pools),
                           (Kind.NODE, snapshot.nodes), (Kind.GPU, snapshot.gpus), (Kind.POD, snapshot.pods)):
@@ -185,9 +185,9 @@ def render_table(report: Mapping[str, Any]) -> str:
 # --- I/O ------------------------------------------------------------------------------------------
 
 
-def read_snapshot(list_all: Callable[[Resource, str | None], list[dict[str, Any]]]) -> Snapshot:
+def read_snapshot(list_all: Callable[[Resource, str | None], list[dict[str, Any]]]) -> StatusSnapshot:
     selector = f"{COMPONENT_LABEL}={COMPONENT_WORKER}"
-    return Snapshot(
+    return StatusSnapshot(
         nodes=list_all(resources.NODES, None), gpus=list_all(resources.GPUS, None),
         pools=list_all(resources.GPU_POOLS, None),
         templates=list_all(resources.SCHEDULING_CONFIG_TEMPLATES, None),

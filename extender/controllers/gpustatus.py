@@ -21,6 +21,7 @@ labels have no GPU objects and are skipped.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import time
@@ -54,6 +55,20 @@ class StatusSettings:
     pool_interval: float = 5.0
     concurrency: int = 4
     settle: float = 10.0  # how long our own write may take to come back through the watch
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("GPU and GPUPool status")
+    group.add_argument("--write-gpu-status", action="store_true",
+                       help="keep GPU status.available / status.runningApps and GPUPool status totals in "
+                            "step with the extender's ledger (off when another component owns them)")
+    group.add_argument("--gpu-status-interval", type=float, default=StatusSettings.interval,
+                       help="seconds between status passes: at most one write per GPU per pass (default 1)")
+
+
+def from_args(args: argparse.Namespace) -> StatusSettings | None:
+    """The status writer's settings, or None when it does not run."""
+    return StatusSettings(interval=float(args.gpu_status_interval)) if args.write_gpu_status else None
 
 
 class StatusApi(Protocol):

@@ -21,6 +21,7 @@ Memory is bounded by the number of nodes.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import datetime as dt
 import logging
@@ -29,7 +30,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from extender.common.contract import DOMAIN
-from extender.kube.client import error_message, error_status
 from extender.scheduling.state import FilterOutcome
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,18 @@ def nudge_patch(now: dt.datetime) -> dict[str, Any]:
     return {"metadata": {"annotations": {NUDGE_ANNOTATION: stamp}}}
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("scheduler nudges")
+    group.add_argument("--nudge-scheduler", action=argparse.BooleanOptionalAction, default=True,
+                       help="when room appears on a node after a GPU pod was turned away, update the node's "
+                            f"{NUDGE_ANNOTATION} annotation so kube-scheduler retries the pod "
+                            "now rather than at its next periodic retry, up to 5 minutes later (default on)")
+
+
+def from_args(args: argparse.Namespace) -> bool:
+    return bool(args.nudge_scheduler)
+
+
 class SchedulerNudger:
     """The I/O around ``Nudges``: a filter observer, a sink for the cluster state's "room appeared", and a
     task that patches the nodes."""
@@ -145,6 +157,8 @@ class SchedulerNudger:
                 await asyncio.sleep(ROUND_SECONDS)
 
     async def _nudge(self, node: str) -> None:
+        from extender.kube.client import error_message, error_status  # here: the flags import this module
+
         try:
             await self._patch_node(node, nudge_patch(dt.datetime.now(dt.UTC)))
         except asyncio.CancelledError:

@@ -12,16 +12,17 @@ then waits, and a later retry may find another set or the budget's room).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from extender.kube.client import error_message, error_status
-from extender.kube.pods import PodApi
-from extender.server.binder import EventSink
-from extender.server.metrics import Metrics
+if TYPE_CHECKING:  # the flags import this module: no HTTP server for them
+    from extender.kube.pods import PodApi
+    from extender.server.binder import EventSink
+    from extender.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,17 @@ def _key(pod: dict[str, Any]) -> str:
 
 def _uid(pod: dict[str, Any]) -> str:
     return str((pod.get("metadata") or {}).get("uid", ""))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("preemption")
+    group.add_argument("--no-preemptor", action="store_true",
+                       help="do not delete lower-priority GPU pods for pods that fit nowhere")
+
+
+def from_args(args: argparse.Namespace) -> bool:
+    """Whether the preemptor runs."""
+    return not args.no_preemptor
 
 
 class Preemptor:
@@ -127,6 +139,8 @@ class Preemptor:
 
     async def preempt_for(self, pod: dict[str, Any]) -> list[str]:
         """Evict the victims the core chooses for ``pod``; returns the evicted pods' keys."""
+        from extender.kube.client import error_message, error_status  # here: the flags import this module
+
         if self.state.holds(_uid(pod)):
             return []  # a stale queue entry: the pod has been placed (or is being bound) meanwhile
         if self.waiting_on(pod):

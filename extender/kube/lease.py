@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 _MICROTIME = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
-class Action(Enum):
+class LeaseAction(Enum):
     CREATE = "create"
     TAKE = "take"  # free or expired: take it over
     RENEW = "renew"
@@ -44,30 +44,30 @@ def format_time(value: dt.datetime) -> str:
     return value.astimezone(dt.UTC).strftime(_MICROTIME)
 
 
-def lease_action(lease: Mapping[str, Any] | None, identity: str, now: dt.datetime) -> Action:
+def lease_action(lease: Mapping[str, Any] | None, identity: str, now: dt.datetime) -> LeaseAction:
     if lease is None:
-        return Action.CREATE
+        return LeaseAction.CREATE
     spec = lease.get("spec") or {}
     holder = spec.get("holderIdentity") or ""
     if holder == identity:
-        return Action.RENEW
+        return LeaseAction.RENEW
     if not holder:
-        return Action.TAKE
+        return LeaseAction.TAKE
     renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
     duration = spec.get("leaseDurationSeconds") or 0
     if renewed is None or now > renewed + dt.timedelta(seconds=float(duration)):
-        return Action.TAKE
-    return Action.WAIT
+        return LeaseAction.TAKE
+    return LeaseAction.WAIT
 
 
 def lease_body(name: str, namespace: str, identity: str, now: dt.datetime, duration_seconds: float,
-               current: Mapping[str, Any] | None, action: Action) -> dict[str, Any]:
+               current: Mapping[str, Any] | None, action: LeaseAction) -> dict[str, Any]:
     """The Lease to write for ``action`` (CREATE, TAKE or RENEW)."""
     spec: dict[str, Any] = dict((current or {}).get("spec") or {})
     stamp = format_time(now)
-    if action is not Action.RENEW:
+    if action is not LeaseAction.RENEW:
         spec["acquireTime"] = stamp
-        if action is Action.TAKE:
+        if action is LeaseAction.TAKE:
             spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
     spec.update({"holderIdentity": identity, "leaseDurationSeconds": max(1, round(duration_seconds)),
                  "renewTime": stamp})
@@ -137,13 +137,13 @@ class LeaseKeeper:
         current = await self._read()
         now = dt.datetime.now(dt.UTC)
         action = lease_action(current, self.identity, now)
-        if action is Action.WAIT:
+        if action is LeaseAction.WAIT:
             self._renewed_at = None
             return False
         body = lease_body(self.name, self.namespace, self.identity, now, self.duration_seconds, current,
                           action)
         try:
-            if action is Action.CREATE:
+            if action is LeaseAction.CREATE:
                 collection = self.path.rsplit("/", 1)[0]
                 await api_call(request_json, self.api_client, "POST", collection, body=body)
             else:

@@ -23,7 +23,7 @@ DEFAULT_PROTECTION_SECONDS = 300.0
 DO_NOT_DISRUPT_LABEL = "tensor-fusion.ai/do-not-disrupt"
 
 
-class Verdict(StrEnum):
+class NodeVerdict(StrEnum):
     BUSY = "busy"  # holds GPU allocations
     PINNED = "pinned"  # labelled tensor-fusion.ai/do-not-disrupt
     NEEDED_MIN = "needed-min"  # removing it would leave less than minResources
@@ -49,19 +49,19 @@ class PoolNode:
 @dataclass(frozen=True)
 class Decision:
     node: PoolNode
-    verdict: Verdict
+    verdict: NodeVerdict
     reason: str
 
     @property
     def needed(self) -> bool:
-        return self.verdict in (Verdict.NEEDED_MIN, Verdict.NEEDED_WARM)
+        return self.verdict in (NodeVerdict.NEEDED_MIN, NodeVerdict.NEEDED_WARM)
 
 
 def _old_enough(node: PoolNode, now: dt.datetime, protection: float) -> bool:
     return node.created is not None and (now - node.created).total_seconds() >= protection
 
 
-def decide(config: PoolConfig, nodes: Sequence[PoolNode], now: dt.datetime,
+def removal_decisions(config: PoolConfig, nodes: Sequence[PoolNode], now: dt.datetime,
            protection_seconds: float = DEFAULT_PROTECTION_SECONDS) -> list[Decision]:
     """One decision per node of the pool, in name order."""
     total = sum((n.capacity for n in nodes), ZERO)
@@ -72,9 +72,9 @@ def decide(config: PoolConfig, nodes: Sequence[PoolNode], now: dt.datetime,
     empties = []
     for node in nodes:
         if not node.empty:
-            out[node.name] = Decision(node, Verdict.BUSY, "holds GPU allocations")
+            out[node.name] = Decision(node, NodeVerdict.BUSY, "holds GPU allocations")
         elif node.pinned:
-            out[node.name] = Decision(node, Verdict.PINNED, f"labelled {DO_NOT_DISRUPT_LABEL}")
+            out[node.name] = Decision(node, NodeVerdict.PINNED, f"labelled {DO_NOT_DISRUPT_LABEL}")
         else:
             empties.append(node)
     empties.sort(key=lambda n: (not _old_enough(n, now, protection_seconds), -(n.price or 0),
@@ -82,21 +82,21 @@ def decide(config: PoolConfig, nodes: Sequence[PoolNode], now: dt.datetime,
     for node in empties:
         after_total, after_available = total - node.capacity, available - node.capacity
         if not after_total.covers(minimum):
-            out[node.name] = Decision(node, Verdict.NEEDED_MIN, (
+            out[node.name] = Decision(node, NodeVerdict.NEEDED_MIN, (
                 f"kept for minResources ({minimum.describe()}): the pool would have "
                 f"{after_total.describe()} without it"))
             continue
         if not after_available.covers(warm):
-            out[node.name] = Decision(node, Verdict.NEEDED_WARM, (
+            out[node.name] = Decision(node, NodeVerdict.NEEDED_WARM, (
                 f"kept for warmResources ({warm.describe()}): the pool would have "
                 f"{after_available.describe()} available without it"))
             continue
         total, available = after_total, after_available
         if _old_enough(node, now, protection_seconds):
             age = (now - node.created).total_seconds() if node.created else 0.0
-            out[node.name] = Decision(node, Verdict.RELEASE, (
+            out[node.name] = Decision(node, NodeVerdict.RELEASE, (
                 f"empty for the pool's targets, {age:.0f}s old; min and warm capacity hold without it"))
         else:
-            out[node.name] = Decision(node, Verdict.YOUNG, (
+            out[node.name] = Decision(node, NodeVerdict.YOUNG, (
                 f"surplus but younger than the protection time ({protection_seconds:.0f}s)"))
     return [out[name] for name in sorted(out)]

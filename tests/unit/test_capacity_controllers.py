@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from extender.controllers.capacity.compactor import Compactor, CompactorMetrics
 from extender.controllers.capacity.config import CapacityConfig
 from extender.controllers.capacity.gpunodeclaim import gpunodeclaim_body, nodeclaim_body
-from extender.controllers.capacity.launcher import Provisioner, ProvisionerMetrics
+from extender.controllers.capacity.launcher import Launcher, LauncherMetrics
 from extender.controllers.capacity.port import LiveView
 from extender.kube.resources import GPU_NODE_CLAIMS, GPU_POOLS, NODECLAIMS, NODES
 from extender.planning.catalog import parse_catalog
@@ -177,7 +177,7 @@ def test_claim_bodies() -> None:
 async def test_provisioner_creates_claims_in_order_and_counts_them_pending(catalog_file: str) -> None:
     port = FakePort(existing={"/kwoknodeclasses/default"})
     view = view_of(port, [karpenter_pool(minResources={"tflops": 150})], tmp_catalog=catalog_file)
-    provisioner = Provisioner(view, port, ProvisionerMetrics(CollectorRegistry()))  # type: ignore[arg-type]
+    provisioner = Launcher(view, port, LauncherMetrics(CollectorRegistry()))  # type: ignore[arg-type]
     actions = await provisioner.reconcile(NOW)
     assert [(a.action, a.details.get("count"), a.details.get("capacityType")) for a in actions] == [
         ("launch", 2, "spot")
@@ -202,7 +202,7 @@ async def test_provisioner_creates_claims_in_order_and_counts_them_pending(catal
 async def test_missing_nodeclass_is_an_event_and_no_claim(catalog_file: str, caplog: Any) -> None:
     port = FakePort()
     view = view_of(port, [karpenter_pool(minResources={"tflops": 150})], tmp_catalog=catalog_file)
-    provisioner = Provisioner(view, port, ProvisionerMetrics(CollectorRegistry()))  # type: ignore[arg-type]
+    provisioner = Launcher(view, port, LauncherMetrics(CollectorRegistry()))  # type: ignore[arg-type]
     caplog.set_level("INFO", logger="extender.controllers.capacity.launcher")
     await provisioner.reconcile(NOW)
     await provisioner.reconcile(NOW)  # the same skip again: logged once, evented (folded by the recorder)
@@ -216,7 +216,7 @@ async def test_failed_nodeclaim_create_deletes_the_gpunodeclaim(catalog_file: st
     port = FakePort(existing={"/kwoknodeclasses/default"})
     port.fail_nodeclaims = True
     view = view_of(port, [karpenter_pool(minResources={"tflops": 50})], tmp_catalog=catalog_file)
-    provisioner = Provisioner(view, port, ProvisionerMetrics(CollectorRegistry()))  # type: ignore[arg-type]
+    provisioner = Launcher(view, port, LauncherMetrics(CollectorRegistry()))  # type: ignore[arg-type]
     await provisioner.reconcile(NOW)
     assert [c[0:2] for c in port.calls if c[0] == "DELETE"] == [("DELETE", "gpunodeclaims")]
     assert [e[1] for e in port.events if e[3] == "Warning"] == ["NodeClaimCreationFailed"]
@@ -279,7 +279,7 @@ async def test_phases_follow_the_nodeclaim_and_the_node(catalog_file: str) -> No
         nodeclaims=nodeclaims,
         tmp_catalog=catalog_file,
     )
-    provisioner = Provisioner(view, port, ProvisionerMetrics(CollectorRegistry()))  # type: ignore[arg-type]
+    provisioner = Launcher(view, port, LauncherMetrics(CollectorRegistry()))  # type: ignore[arg-type]
     await provisioner.sync_claims()
     writes = [c for c in port.calls if c[0] in ("PATCH", "DELETE")]
     assert writes == [

@@ -182,3 +182,73 @@ def test_logs_are_json_lines_with_extra_fields(capsys: pytest.CaptureFixture[str
     assert (line["level"], line["msg"], line["pod"], line["node"]) == ("info", "bound", "ml/a", "n1")
     with pytest.raises(ValueError):
         setup_logging("loud")
+
+
+# ``tf-extender serve``'s flags (option strings -> dest, default, choices) as they were when the flags were
+# declared in four places, before each controller package declared its own: the chart and the manifests
+# pass these, so the gathered parser must keep every one with its default.
+SERVE_FLAGS_BEFORE_THE_REGISTRY: dict[str, tuple[str, Any, list[str] | None]] = {
+    "--bind-address": ("bind_address", "127.0.0.1", None),
+    "--bind-deadline": ("bind_deadline", 55.0, None),
+    "--capacity-controllers --no-capacity-controllers": ("capacity_enabled", True, None),
+    "--capacity-interval": ("capacity_interval", 10.0, None),
+    "--catalog": ("catalog_file", None, None),
+    "--catalog-configmap": ("catalog_configmap", None, None),
+    "--cert-dir": ("cert_dir", None, None),
+    "--defrag --no-defrag": ("defrag", True, None),
+    "--defrag-replacement-timeout": ("defrag_replacement_timeout", 300.0, None),
+    "--expansion --no-expansion": ("expansion_enabled", True, None),
+    "--expansion-claim-timeout": ("expansion_claim_timeout", 900.0, None),
+    "--expansion-delay": ("expansion_delay", 10.0, None),
+    "--expansion-lease-namespace": ("expansion_lease_namespace", "tensor-fusion-system", None),
+    "--expansion-scheduler-name": ("expansion_scheduler_name", "tensor-fusion-scheduler", None),
+    "--filter-first-choice --no-filter-first-choice": ("filter_first_choice", True, None),
+    "--gpu-reservations --no-gpu-reservations": ("gpu_reservations", True, None),
+    "--gpu-status-interval": ("gpu_status_interval", 1.0, None),
+    "--inventory-source": ("inventory_source", "auto", ["gpu-objects", "node-labels", "auto"]),
+    "--kubeconfig": ("kubeconfig", None, None),
+    "--log-level": ("log_level", "info", ["debug", "info", "warning", "error"]),
+    "--max-inflight-nodes": ("max_inflight_nodes", 15, None),
+    "--max-pods-per-node": ("max_pods_per_node", 256, None),
+    "--metrics-bind-address": ("metrics_bind_address", "0.0.0.0", None),
+    "--metrics-port": ("metrics_port", 0, None),
+    "--no-preemptor": ("no_preemptor", False, None),
+    "--node-protection-time": ("node_protection_time", 300.0, None),
+    "--node-provisioner": ("node_provisioner", "auto", ["auto", "karpenter", "cluster-autoscaler"]),
+    "--nudge-scheduler --no-nudge-scheduler": ("nudge_scheduler", True, None),
+    "--placeholder-image": ("placeholder_image", "registry.k8s.io/pause:3.10", None),
+    "--placeholder-namespace": ("placeholder_namespace", "tensor-fusion-system", None),
+    "--placeholder-scheduler-name": ("placeholder_scheduler_name", "default-scheduler", None),
+    "--port": ("port", 8080, None),
+    "--prefix": ("prefix", "/scheduler", None),
+    "--write-gpu-status": ("write_gpu_status", False, None),
+}
+
+
+def test_serve_keeps_every_flag_and_default_it_had_before_the_options_were_gathered(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+    import os
+
+    for name in [n for n in os.environ if n.startswith("TF_") or n == "POD_NAMESPACE"]:
+        monkeypatch.delenv(name)
+    (commands,) = [a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    serve = commands.choices["serve"]
+    flags = {" ".join(a.option_strings): (a.dest, a.default, list(a.choices) if a.choices else None)
+             for a in serve._actions if not isinstance(a, argparse._HelpAction)}
+    assert flags == SERVE_FLAGS_BEFORE_THE_REGISTRY
+
+
+def test_serve_flags_reach_each_controllers_settings() -> None:
+    args = cli.build_parser().parse_args([
+        "serve", "--no-preemptor", "--no-nudge-scheduler", "--write-gpu-status", "--gpu-status-interval", "2",
+        "--no-defrag", "--defrag-replacement-timeout", "30", "--expansion-delay", "3",
+        "--node-provisioner", "karpenter", "--no-capacity-controllers", "--capacity-interval", "4"])
+    settings = cli.settings_from_args(args)
+    assert (settings.preemptor, settings.nudge_scheduler) == (False, False)
+    assert settings.gpu_status is not None and settings.gpu_status.interval == 2.0
+    assert (settings.defrag.enabled, settings.defrag.replacement_timeout) == (False, 30.0)
+    assert settings.expansion.delay_seconds == 3.0
+    assert settings.autoscaler.provisioner.value == "karpenter"
+    assert (settings.capacity.enabled, settings.capacity.interval_seconds) == (False, 4.0)
+    assert cli.settings_from_args(cli.build_parser().parse_args(["serve"])).gpu_status is None

@@ -11,11 +11,11 @@ import yaml
 from defrag_fixtures import NOW_TEXT, TF, four_nodes, gpus, node, pdb, pool, room_for_one, worker
 
 from extender.controllers.defrag.config import parse_config
-from extender.controllers.defrag.offline import plan_defrag
 from extender.controllers.defrag.plan import (
     SkipReason,
     Snapshot,
     candidate_nodes,
+    plan_defrag,
     plan_pool,
     pool_nodes,
     selector_matches,
@@ -30,7 +30,7 @@ NOW = dt.datetime.fromisoformat(NOW_TEXT)
 
 def snapshot_of(objects: list[dict[str, Any]]) -> Snapshot:
     inputs = snapshot_inputs(objects, now=NOW)
-    from extender.controllers.defrag.offline import snapshot_of as of_inputs
+    from extender.controllers.defrag.plan import snapshot_of as of_inputs
 
     return of_inputs(inputs)
 

@@ -22,7 +22,7 @@ from promql_names import DASHBOARD, PROMETHEUS_OWN, ROOT, RULES, dashboard_queri
 
 from certs import authority
 from extender.controllers.capacity.compactor import CompactorMetrics
-from extender.controllers.capacity.launcher import ProvisionerMetrics
+from extender.controllers.capacity.launcher import LauncherMetrics
 from extender.controllers.defrag.metrics import DefragMetrics
 from extender.controllers.expansion.metrics import ExpansionMetrics
 from extender.controllers.gpustatus import StatusMetrics
@@ -59,7 +59,7 @@ def exported_names() -> set[str]:
     StatusMetrics(metrics.registry)
     metrics.registry.register(StrandedCollector(_Empty(), _Empty()))
     CompactorMetrics(metrics.registry)
-    ProvisionerMetrics(metrics.registry)
+    LauncherMetrics(metrics.registry)
     DefragMetrics(metrics.registry)
     webhook = WebhookMetrics(registry)
     webhook.track_certificate(Path("/nonexistent/tls.crt"))

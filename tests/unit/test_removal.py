@@ -10,7 +10,7 @@ import pytest
 
 from extender.planning.amounts import Amount
 from extender.planning.pool import pool_config
-from extender.planning.removal import PoolNode, Verdict, decide
+from extender.planning.removal import NodeVerdict, PoolNode, removal_decisions
 
 GI = 1 << 30
 NOW = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
@@ -40,8 +40,8 @@ def config(**capacity: Any):  # type: ignore[no-untyped-def]
     return pool_config({"metadata": {"name": "p"}, "spec": {"capacityConfig": capacity}})
 
 
-def verdicts(cfg: Any, nodes: list[PoolNode], protection: float = 300) -> dict[str, Verdict]:
-    return {d.node.name: d.verdict for d in decide(cfg, nodes, NOW, protection)}
+def verdicts(cfg: Any, nodes: list[PoolNode], protection: float = 300) -> dict[str, NodeVerdict]:
+    return {d.node.name: d.verdict for d in removal_decisions(cfg, nodes, NOW, protection)}
 
 
 WARM_ONE = {"warmResources": {"tflops": 100, "vram": "24Gi"}}
@@ -52,62 +52,64 @@ MIN_TWO = {"minResources": {"tflops": 200}}
     ("targets", "nodes", "expected"),
     [
         # no targets: every old empty node goes, busy ones stay
-        ({}, [node("a"), node("b", used=10)], {"a": Verdict.RELEASE, "b": Verdict.BUSY}),
+        ({}, [node("a"), node("b", used=10)], {"a": NodeVerdict.RELEASE, "b": NodeVerdict.BUSY}),
         # warm one node: the older-eligible, more expensive one goes, the other is kept for warm
         (
             WARM_ONE,
             [node("a", price="1"), node("b", price="2")],
-            {"a": Verdict.NEEDED_WARM, "b": Verdict.RELEASE},
+            {"a": NodeVerdict.NEEDED_WARM, "b": NodeVerdict.RELEASE},
         ),
         # a busy node with free room counts toward warm: both empty nodes may go
         (
             WARM_ONE,
             [node("a"), node("b"), node("c", used=1, size=2)],
-            {"a": Verdict.RELEASE, "b": Verdict.RELEASE, "c": Verdict.BUSY},
+            {"a": NodeVerdict.RELEASE, "b": NodeVerdict.RELEASE, "c": NodeVerdict.BUSY},
         ),
         # minimum two nodes of three
         (
             MIN_TWO,
             [node("a"), node("b"), node("c")],
-            {"a": Verdict.RELEASE, "b": Verdict.NEEDED_MIN, "c": Verdict.NEEDED_MIN},
+            {"a": NodeVerdict.RELEASE, "b": NodeVerdict.NEEDED_MIN, "c": NodeVerdict.NEEDED_MIN},
         ),
         # young surplus node: not released yet; the old one is released first, the young one kept for warm
         (
             WARM_ONE,
             [node("old"), node("young", age=60)],
-            {"old": Verdict.RELEASE, "young": Verdict.NEEDED_WARM},
+            {"old": NodeVerdict.RELEASE, "young": NodeVerdict.NEEDED_WARM},
         ),
-        ({}, [node("young", age=60)], {"young": Verdict.YOUNG}),
+        ({}, [node("young", age=60)], {"young": NodeVerdict.YOUNG}),
         # unknown age is never old enough
-        ({}, [node("x", age=None)], {"x": Verdict.YOUNG}),
+        ({}, [node("x", age=None)], {"x": NodeVerdict.YOUNG}),
         # pinned nodes never go, and their capacity still counts toward warm
-        (WARM_ONE, [node("pin", pinned=True), node("a")], {"pin": Verdict.PINNED, "a": Verdict.RELEASE}),
+        (WARM_ONE, [node("pin", pinned=True), node("a")],
+         {"pin": NodeVerdict.PINNED, "a": NodeVerdict.RELEASE}),
         # warm needs the VRAM of one node; one busy node leaves none free
         (
             {"warmResources": {"vram": "24Gi"}},
             [node("busy", used=24), node("a")],
-            {"busy": Verdict.BUSY, "a": Verdict.NEEDED_WARM},
+            {"busy": NodeVerdict.BUSY, "a": NodeVerdict.NEEDED_WARM},
         ),
         # larger nodes go first among equals
         (
             WARM_ONE,
             [node("small"), node("big", size=4)],
-            {"small": Verdict.NEEDED_WARM, "big": Verdict.RELEASE},
+            {"small": NodeVerdict.NEEDED_WARM, "big": NodeVerdict.RELEASE},
         ),
     ],
 )
-def test_removal_rules(targets: dict[str, Any], nodes: list[PoolNode], expected: dict[str, Verdict]) -> None:
+def test_removal_rules(targets: dict[str, Any], nodes: list[PoolNode],
+                       expected: dict[str, NodeVerdict]) -> None:
     assert verdicts(config(**targets), nodes) == expected
 
 
 def test_protection_time_is_a_parameter() -> None:
-    assert verdicts(config(), [node("a", age=20)], protection=10) == {"a": Verdict.RELEASE}
-    assert verdicts(config(), [node("a", age=20)], protection=30) == {"a": Verdict.YOUNG}
+    assert verdicts(config(), [node("a", age=20)], protection=10) == {"a": NodeVerdict.RELEASE}
+    assert verdicts(config(), [node("a", age=20)], protection=30) == {"a": NodeVerdict.YOUNG}
 
 
 def test_reasons_name_the_target_and_the_figures() -> None:
-    decisions = decide(config(**WARM_ONE), [node("a"), node("b")], NOW)
+    decisions = removal_decisions(config(**WARM_ONE), [node("a"), node("b")], NOW)
     kept = next(d for d in decisions if d.needed)
     assert "kept for warmResources (100 TFLOPS, 24Gi VRAM)" in kept.reason
-    released = next(d for d in decisions if d.verdict is Verdict.RELEASE)
+    released = next(d for d in decisions if d.verdict is NodeVerdict.RELEASE)
     assert "600s old" in released.reason

@@ -12,7 +12,7 @@ from extender_fakes import POOL, gpu, pod
 
 from extender import cli
 from extender.kube import resources
-from extender.status_cmd import Snapshot, build_report, pending_reason, read_snapshot, render_table
+from extender.status_cmd import StatusSnapshot, build_report, pending_reason, read_snapshot, render_table
 
 
 def _pool(name: str, *, default: bool = False, template: str | None = None,
@@ -26,7 +26,7 @@ def _pool(name: str, *, default: bool = False, template: str | None = None,
     return {"metadata": {"name": name, "annotations": annotations}, "spec": spec}
 
 
-def _snapshot() -> Snapshot:
+def _snapshot() -> StatusSnapshot:
     other = gpu("h0", "n3", tflops="200", vram="80Gi")
     other["metadata"]["labels"]["tensor-fusion.ai/gpupool"] = "inference"
     pending = pod("big", "u-big", tflops="90")
@@ -40,7 +40,7 @@ def _snapshot() -> Snapshot:
     ready_claim = {"metadata": {"name": "done", "labels": {"tensor-fusion.ai/expansion": "x0"}},
                    "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
     foreign_claim = {"metadata": {"name": "karpenters-own", "labels": {}}}
-    return Snapshot(
+    return StatusSnapshot(
         nodes=[],
         gpus=[gpu("g0", "n1"), gpu("g1", "n1"), gpu("g2", "n2"), other],
         pools=[_pool(POOL, default=True, template="compact"), _pool("inference", provisioning="Karpenter")],
@@ -91,14 +91,14 @@ def test_table_names_every_pool_pending_pod_and_claim():
 
 
 def test_empty_cluster():
-    assert render_table(build_report(Snapshot([], [], [], [], [], []))) == (
+    assert render_table(build_report(StatusSnapshot([], [], [], [], [], []))) == (
         "No GPU pools, GPUs or GPU pods found.\n")
 
 
 def test_pending_pod_of_an_unknown_pool_is_still_shown():
     stray = pod("stray", "u-s")
     stray["metadata"]["annotations"]["tensor-fusion.ai/gpupool"] = "nowhere"
-    report = build_report(Snapshot([], [], [], [], [stray], []))
+    report = build_report(StatusSnapshot([], [], [], [], [stray], []))
     rows = [(p["name"], p["exists"], len(p["pendingPods"])) for p in report["pools"]]
     assert rows == [("nowhere", False, 1)]
     assert "nowhere (no GPUPool)" in render_table(report)

@@ -26,7 +26,7 @@ from extender.controllers.expansion.nodeclaim import DO_NOT_DISRUPT
 from extender.planning.action import Action
 from extender.planning.inputs import Inputs
 from extender.planning.pool import PoolConfig, ProvisioningMode
-from extender.planning.removal import Decision, Verdict, decide
+from extender.planning.removal import Decision, NodeVerdict, removal_decisions
 
 SHOULD_DELETE = "tensor-fusion.ai/should-delete"
 # Marks a karpenter.sh/do-not-disrupt that we set, so we never take away one a user set.
@@ -56,14 +56,14 @@ def _autoselect(inputs: Inputs, config: PoolConfig, decisions: list[Decision], d
                 yield Action("unmark", config.name, decision.reason, node=name, payload=payload)
             if not ours and str(annotations.get(DO_NOT_DISRUPT, "")).lower() != "true":
                 yield Action("protect", config.name, decision.reason, node=name, payload=payload)
-        elif decision.verdict in (Verdict.YOUNG, Verdict.RELEASE):
+        elif decision.verdict in (NodeVerdict.YOUNG, NodeVerdict.RELEASE):
             if ours:
                 yield Action("unprotect", config.name, f"surplus: {decision.reason}", node=name,
                              payload=payload)
-            if decision.verdict is Verdict.RELEASE and due and not marked:
+            if decision.verdict is NodeVerdict.RELEASE and due and not marked:
                 yield Action("release", config.name, f"{decision.reason}; labelled {SHOULD_DELETE}=true",
                              node=name, payload=payload)
-        elif decision.verdict is Verdict.BUSY and marked:
+        elif decision.verdict is NodeVerdict.BUSY and marked:
             yield Action("unmark", config.name, decision.reason, node=name, payload=payload)
 
 
@@ -74,7 +74,7 @@ def _karpenter(inputs: Inputs, config: PoolConfig, decisions: list[Decision], du
     ours = {str((c.get("metadata") or {}).get("name")) for c in inputs.claims_of(config.name)}
     for decision in decisions:
         claim = claims.get(decision.node.name)
-        if decision.verdict is Verdict.RELEASE and claim in ours:
+        if decision.verdict is NodeVerdict.RELEASE and claim in ours:
             yield Action("release", config.name, f"{decision.reason}; deleting NodeClaim {claim}",
                          node=decision.node.name, details={"nodeClaim": claim},
                          payload=NodePayload(config, claim))
@@ -87,7 +87,7 @@ def plan_compaction(inputs: Inputs) -> Iterable[Action]:
         nodes = inputs.pool_nodes(config.name)
         if not nodes:
             continue
-        decisions = decide(config, nodes, inputs.now, inputs.protection_seconds)
+        decisions = removal_decisions(config, nodes, inputs.now, inputs.protection_seconds)
         due = inputs.compaction_due(config)
         if config.mode is ProvisioningMode.KARPENTER:
             yield from _karpenter(inputs, config, decisions, due)

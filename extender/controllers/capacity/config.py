@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from extender.controllers import LEADER_LEASE
 from extender.planning.removal import DEFAULT_PROTECTION_SECONDS
 
 DEFAULT_INTERVAL = 10.0
-DEFAULT_LEASE_NAME = "tensor-fusion-capacity"
 # How young a tensor-fusion.ai/manual-compaction timestamp must be to trigger a compaction.
 DEFAULT_MANUAL_WINDOW = 60.0
 
@@ -21,10 +21,6 @@ class CapacityConfig:
     manual_window_seconds: float = DEFAULT_MANUAL_WINDOW
     catalog_file: str | None = None
     catalog_configmap: str | None = None  # NAMESPACE/NAME
-    lease_namespace: str = "tensor-fusion-system"
-    lease_name: str = DEFAULT_LEASE_NAME
-    lease_duration_seconds: float = 15.0
-    lease_renew_seconds: float = 5.0
 
     def __post_init__(self) -> None:
         if self.interval_seconds <= 0:
@@ -41,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--capacity-controllers", dest="capacity_enabled",
                        action=argparse.BooleanOptionalAction, default=True,
                        help="run the Karpenter-mode provisioner and the compaction of empty nodes "
-                            f"(default on; one active per cluster, Lease {DEFAULT_LEASE_NAME})")
+                            f"(default on; one active per cluster, Lease {LEADER_LEASE})")
     group.add_argument("--capacity-interval", type=float, default=DEFAULT_INTERVAL, metavar="SECONDS",
                        help="reconcile pools this often at the latest (default 10)")
     group.add_argument("--node-protection-time", type=float, default=DEFAULT_PROTECTION_SECONDS,
@@ -52,9 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="a ConfigMap whose catalog.yaml extends the catalog; read on every reconcile")
 
 
-def from_args(args: argparse.Namespace, lease_namespace: str) -> CapacityConfig:
+def from_args(args: argparse.Namespace) -> CapacityConfig:
     return CapacityConfig(
         enabled=bool(args.capacity_enabled), interval_seconds=float(args.capacity_interval),
         protection_seconds=float(args.node_protection_time), catalog_file=args.catalog_file,
-        catalog_configmap=args.catalog_configmap, lease_namespace=lease_namespace,
+        catalog_configmap=args.catalog_configmap,
     )

@@ -48,7 +48,7 @@ SKIP_LOG_SECONDS = 60.0
 CONDITION = "NodeClaimsListable"
 
 
-class ProvisionerMetrics:
+class LauncherMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.created = Counter("tf_extender_gpunodeclaims_created_total",
                                "GPUNodeClaims (with their NodeClaims) created for Karpenter-mode pools",
@@ -60,8 +60,8 @@ class ProvisionerMetrics:
                               "GPUNodeClaim phase changes", ["phase"], registry=registry)
 
 
-class Provisioner:
-    def __init__(self, view: LiveView, port: KubePort, metrics: ProvisionerMetrics) -> None:
+class Launcher:
+    def __init__(self, view: LiveView, port: KubePort, metrics: LauncherMetrics) -> None:
         self.view = view
         self.port = port
         self.metrics = metrics

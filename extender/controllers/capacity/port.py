@@ -90,7 +90,7 @@ def node_ref(name: str, node: Mapping[str, Any] | None) -> dict[str, Any]:
 class LiveView:
     def __init__(self, config: CapacityConfig, api_client: client.ApiClient, state: ClusterState, *,
                  nodes: ObjectStore, pools: ObjectStore, pods: ObjectStore, port: KubePort,
-                 on_change: Callable[[], None] | None = None) -> None:
+                 on_change: Callable[[], None] | None = None, nodeclaims: WatchCache | None = None) -> None:
         self.config = config
         self.state = state
         self.nodes = nodes
@@ -100,8 +100,10 @@ class LiveView:
         self._on_change = on_change
         self.gpunodeclaims = WatchCache(api_client, GPU_NODE_CLAIMS, optional=True, on_change=self._changed,
                                         name="gpunodeclaims")
-        self.nodeclaims = WatchCache(api_client, NODECLAIMS, optional=True, on_change=self._changed,
-                                     name="capacity-nodeclaims")
+        # NodeClaims: the process's one cache when given (the expander reads it too), else one of its own.
+        self._own_nodeclaims = nodeclaims is None
+        self.nodeclaims = nodeclaims or WatchCache(api_client, NODECLAIMS, optional=True, name="nodeclaims")
+        self.nodeclaims.subscribe(self._changed)
         self._file_catalog: Catalog | None = None
         self._catalog = DEFAULT_CATALOG
         self._catalog_error = ""
@@ -121,7 +123,14 @@ class LiveView:
 
     @property
     def caches(self) -> tuple[WatchCache, ...]:
+        """The caches the planners read besides the service's core ones."""
         return (self.gpunodeclaims, self.nodeclaims)
+
+    @property
+    def owned_caches(self) -> tuple[WatchCache, ...]:
+        """The caches the capacity controllers run themselves (the shared NodeClaims run with the
+        service's)."""
+        return (self.gpunodeclaims, self.nodeclaims) if self._own_nodeclaims else (self.gpunodeclaims,)
 
     async def catalog(self) -> Catalog:
         """The built-in catalog, extended by the file (read once) and the ConfigMap (read each time).

@@ -1,4 +1,5 @@
-"""A pool's defragmentation settings: ``spec.nodeManagerConfig.nodeCompaction.defrag`` of a GPUPool.
+"""A pool's defragmentation settings: ``spec.nodeManagerConfig.nodeCompaction.defrag`` of a GPUPool, and
+the defragmenter's own ``tf-extender serve`` flags (``DefragOptions``).
 
 The fields and defaults are TensorFusion's: ``enabled`` (false), ``schedule`` (five-field cron, ``0 3 * * *``,
 no ``TZ=`` prefix), ``timezone`` (IANA name, required when enabled), ``maxDuration`` (Go duration, ``2h``)
@@ -8,6 +9,7 @@ whose message names the field and the value.
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import re
 import zoneinfo
@@ -21,6 +23,8 @@ FIELD = "spec.nodeManagerConfig.nodeCompaction.defrag"
 DEFAULT_SCHEDULE = "0 3 * * *"
 DEFAULT_MAX_DURATION = dt.timedelta(hours=2)
 DEFAULT_THRESHOLD = 40
+DEFAULT_TICK_SECONDS = 5.0
+DEFAULT_REPLACEMENT_TIMEOUT_SECONDS = 300.0
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
@@ -115,3 +119,28 @@ def _timezone(value: object, enabled: bool) -> zoneinfo.ZoneInfo | None:
         return zoneinfo.ZoneInfo(value)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
         raise DefragConfigError(f"{FIELD}.timezone {value!r} is not a known IANA time zone") from exc
+
+
+@dataclass(frozen=True)
+class DefragOptions:
+    """How the live defragmenter runs in this process (the pools say when and what)."""
+
+    enabled: bool = True
+    replacement_timeout: float = DEFAULT_REPLACEMENT_TIMEOUT_SECONDS
+    tick_seconds: float = DEFAULT_TICK_SECONDS
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("defragmentation (GPUPool nodeCompaction.defrag)")
+    group.add_argument("--defrag", action=argparse.BooleanOptionalAction, default=True,
+                       help="run defragmentation for GPUPools that enable it (nodeCompaction.defrag) or "
+                            "carry the tensor-fusion.ai/manual-defrag annotation (default on)")
+    group.add_argument("--defrag-replacement-timeout", type=float, metavar="SECONDS",
+                       default=DEFAULT_REPLACEMENT_TIMEOUT_SECONDS,
+                       help="how long a defragmentation run waits for an evicted pod's replacement to be "
+                            "bound before it stops (default 300)")
+
+
+def from_args(args: argparse.Namespace) -> DefragOptions:
+    return DefragOptions(enabled=bool(args.defrag),
+                         replacement_timeout=float(args.defrag_replacement_timeout))

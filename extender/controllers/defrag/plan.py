@@ -14,6 +14,10 @@ nodeSelector, required node affinity and tolerations admit. Workers placed earli
 plan hold their room for the later ones. A candidate any of whose workers fits on no target is left
 alone ("no-room"). The simulation's reservations are released before ``plan_pool`` returns, so the state
 is as it was.
+
+``plan_defrag`` is the same planner for ``tf-extender plan --defrag``: over a snapshot's ``Inputs``, the
+evictions a run would make now ("evict", with the node the simulation found) and the candidate nodes it
+would leave as they are ("skip", with the reason), for every pool with defragmentation enabled.
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ from enum import StrEnum
 from typing import Any
 
 from extender.common.contract import GPU_IDS, NATIVE_GPU_RESOURCES, POD_INDEX
-from extender.controllers.defrag.config import DefragConfig
+from extender.controllers.defrag.config import DefragConfig, DefragConfigError, parse_config
+from extender.planning.action import Action
+from extender.planning.inputs import Inputs
 from extender.planning.pool import parse_time
 from extender.planning.removal import DO_NOT_DISRUPT_LABEL
+from extender.scheduling.inventory import object_name
 from extender.scheduling.ledger import Allocation
 from extender.scheduling.state import ClusterState, PlacementError, Reservation, pod_key
 
@@ -430,3 +437,35 @@ def plan_pool(state: ClusterState, pool: str, config: DefragConfig, snapshot: Sn
         for reservation in held:
             state.release(reservation)
     return Plan(pool, tuple(candidates), tuple(moves), tuple(skips), fenced, tuple(eligible))
+
+
+# -- the offline plan (tf-extender plan --defrag) -------------------------------------------------
+
+
+def snapshot_of(inputs: Inputs) -> Snapshot:
+    pods_by_node: dict[str, list[Mapping[str, Any]]] = {}
+    for pod in inputs.pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            pods_by_node.setdefault(str(node), []).append(pod)
+    return Snapshot(inputs.nodes, pods_by_node, inputs.pdbs)
+
+
+def defrag_actions(plan: Plan) -> list[Action]:
+    out = [Action("evict", plan.pool, m.reason, details={"pod": m.pod, "from": m.source, "to": m.target},
+                  payload=m) for m in plan.moves]
+    out += [Action("skip", plan.pool, s.message, node=s.node, payload=s) for s in plan.skips]
+    return out
+
+
+def plan_defrag(inputs: Inputs) -> Iterable[Action]:
+    snapshot = snapshot_of(inputs)
+    for pool in sorted(inputs.pools, key=object_name):
+        name = object_name(pool)
+        try:
+            config = parse_config(pool)
+        except DefragConfigError as exc:
+            yield Action("skip", name, str(exc))
+            continue
+        if config.enabled:
+            yield from defrag_actions(plan_pool(inputs.state, name, config, snapshot, inputs.now))

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import socket
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
+from extender.controllers import Leader
 from extender.controllers.defrag.metrics import DefragMetrics
 from extender.controllers.defrag.runner import Defragmenter, Eviction, Recorder
 from extender.kube.client import api_call, error_message, error_status, request_json
 from extender.kube.informer import WatchCache
-from extender.kube.lease import LeaseKeeper
 from extender.kube.resources import PDBS, PODS, collection_path, object_path
 from extender.scheduling.state import ClusterState
-
-LEASE_NAME = "tensor-fusion-defrag"
 
 
 class KubeDefragPort:
@@ -71,11 +67,8 @@ class KubeDefragPort:
 
 
 def kube_defragmenter(api_client: client.ApiClient, caches: Mapping[str, WatchCache], state: ClusterState,
-                      recorder: Recorder, registry: CollectorRegistry, *, lease_namespace: str,
-                      replacement_timeout: float, tick_seconds: float) -> tuple[Defragmenter, LeaseKeeper]:
-    leader = LeaseKeeper(api_client, LEASE_NAME, lease_namespace,
-                         f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}")
-    defragmenter = Defragmenter(state, KubeDefragPort(api_client, caches), recorder, DefragMetrics(registry),
-                                leader=leader, replacement_timeout=replacement_timeout,
-                                tick_seconds=tick_seconds)
-    return defragmenter, leader
+                      recorder: Recorder, registry: CollectorRegistry, *, leader: Leader,
+                      replacement_timeout: float, tick_seconds: float) -> Defragmenter:
+    """The defragmenter on the service's caches, acting while the process leads."""
+    return Defragmenter(state, KubeDefragPort(api_client, caches), recorder, DefragMetrics(registry),
+                        leader=leader, replacement_timeout=replacement_timeout, tick_seconds=tick_seconds)

@@ -24,8 +24,15 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from extender.common.contract import GPU_POOL
+from extender.controllers import Leader
 from extender.controllers.capacity.config import DEFAULT_MANUAL_WINDOW
-from extender.controllers.defrag.config import DefragConfig, DefragConfigError, parse_config
+from extender.controllers.defrag.config import (
+    DEFAULT_REPLACEMENT_TIMEOUT_SECONDS,
+    DEFAULT_TICK_SECONDS,
+    DefragConfig,
+    DefragConfigError,
+    parse_config,
+)
 from extender.controllers.defrag.metrics import DefragMetrics
 from extender.controllers.defrag.plan import (
     Move,
@@ -44,8 +51,6 @@ log = logging.getLogger(__name__)
 
 MANUAL_TRIGGER_ANNOTATION = "tensor-fusion.ai/manual-defrag"
 MANUAL_TRIGGER_WINDOW = dt.timedelta(seconds=DEFAULT_MANUAL_WINDOW)  # as compaction's manual trigger
-DEFAULT_TICK_SECONDS = 5.0
-DEFAULT_REPLACEMENT_TIMEOUT_SECONDS = 300.0
 EVICTION_RETRY_SECONDS = 2.0
 POLL_SECONDS = 0.5
 PER_NODE_LISTS = 20  # more candidate nodes than this: one cluster-wide pod list per plan
@@ -79,11 +84,6 @@ class DefragPort(Protocol):
 
 class Recorder(Protocol):
     def record(self, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None: ...
-
-
-class Leader(Protocol):
-    @property
-    def is_leader(self) -> bool: ...
 
 
 class Trigger(StrEnum):

@@ -7,10 +7,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from extender.controllers import LEADER_LEASE
+
 DEFAULT_DELAY_SECONDS = 10.0
 DEFAULT_MAX_IN_FLIGHT = 15
 DEFAULT_CLAIM_TIMEOUT_SECONDS = 900.0
-DEFAULT_LEASE_NAME = "tensor-fusion-expander"
 DEFAULT_NAMESPACE = "tensor-fusion-system"
 DEFAULT_SCHEDULER_NAME = "tensor-fusion-scheduler"
 
@@ -31,9 +32,6 @@ class ExpansionConfig:
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     claim_timeout_seconds: float = DEFAULT_CLAIM_TIMEOUT_SECONDS
     lease_namespace: str = DEFAULT_NAMESPACE
-    lease_name: str = DEFAULT_LEASE_NAME
-    lease_duration_seconds: float = 15.0
-    lease_renew_seconds: float = 5.0
     scheduler_name: str = DEFAULT_SCHEDULER_NAME
 
     def __post_init__(self) -> None:
@@ -43,8 +41,6 @@ class ExpansionConfig:
             raise ValueError(f"max in-flight nodes must be at least 1, got {self.max_in_flight}")
         if self.claim_timeout_seconds <= 0:
             raise ValueError(f"claim timeout must be positive, got {self.claim_timeout_seconds}")
-        if not 0 < self.lease_renew_seconds < self.lease_duration_seconds:
-            raise ValueError("lease renew interval must be positive and shorter than the lease duration")
 
 
 def _env_bool(value: str) -> bool:
@@ -84,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
     group.add_argument(
         "--expansion-lease-namespace", dest="expansion_lease_namespace", metavar="NAMESPACE",
         default=env.get(ENV_NAMESPACE) or env.get(ENV_POD_NAMESPACE) or DEFAULT_NAMESPACE,
-        help=f"namespace of the Lease {DEFAULT_LEASE_NAME} that keeps one active expander per cluster "
+        help=f"namespace of the Lease {LEADER_LEASE} that keeps one active set of controllers per cluster "
              f"(env {ENV_NAMESPACE}, else {ENV_POD_NAMESPACE})",
     )
     group.add_argument(

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,11 +17,10 @@ from extender.controllers.expansion.config import ExpansionConfig
 from extender.controllers.expansion.fit import device_of
 from extender.controllers.expansion.karpenter import node_usable
 from extender.controllers.expansion.metrics import ExpansionMetrics
-from extender.controllers.expansion.worker import Expander
+from extender.controllers.expansion.worker import Expander, RunnableLeader
 from extender.kube.client import api_call, error_status, request_json
 from extender.kube.events import EventRecorder
 from extender.kube.informer import DELETED, WatchCache
-from extender.kube.lease import LeaseKeeper
 from extender.kube.resources import (
     EVENTS,
     NODECLAIMS,
@@ -41,11 +38,14 @@ NodeGPUs = Callable[[str], Sequence[GPUView | GPUDevice]]
 
 @dataclass(frozen=True)
 class SharedCaches:
-    """The extender's caches the expander reads too: ``gpu_pods`` holds the pods labelled as GPU workers."""
+    """The extender's caches the expander reads too: ``gpu_pods`` holds the pods labelled as GPU workers;
+    ``nodeclaims``, when the capacity controllers read NodeClaims as well, the process's one NodeClaim
+    cache (else the expander watches them itself)."""
 
     nodes: WatchCache
     gpupools: WatchCache
     gpu_pods: WatchCache
+    nodeclaims: WatchCache | None = None
 
 
 class KubeExpansionPort:
@@ -60,11 +60,17 @@ class KubeExpansionPort:
         self._recorder = recorder
         self._on_change = on_change
         self._by_provider: dict[str, str] = {}
-        self.claims = WatchCache(api_client, NODECLAIMS, optional=True, on_change=self._changed)
+        self.claims = shared.nodeclaims or WatchCache(api_client, NODECLAIMS, optional=True)
+        self.claims.subscribe(self._changed)
         self.nodepools = WatchCache(api_client, NODEPOOLS, optional=True)
         self.nodes = shared.nodes
         self.gpupools = shared.gpupools
-        self._shared = (shared.nodes, shared.gpupools, shared.gpu_pods)
+        self._shared: tuple[WatchCache, ...] = (shared.nodes, shared.gpupools, shared.gpu_pods)
+        self._owned: tuple[WatchCache, ...] = (self.nodepools,)
+        if shared.nodeclaims is None:
+            self._owned = (self.claims, self.nodepools)
+        else:
+            self._shared += (shared.nodeclaims,)
         self.nodes.subscribe(self._node_changed)
         # Pending GPU pods the scheduler never sent to the extender (Expander.pod_changed picks them out).
         shared.gpu_pods.subscribe(self._pod_changed)
@@ -80,7 +86,7 @@ class KubeExpansionPort:
     @property
     def caches(self) -> tuple[WatchCache, ...]:
         """The caches this port runs (the shared ones run with the extender's)."""
-        return (self.claims, self.nodepools)
+        return self._owned
 
     async def start(self, sync_timeout: float = 60.0) -> None:
         if not self._tasks:
@@ -178,15 +184,11 @@ class KubeExpansionPort:
 
 
 def kube_expander(config: ExpansionConfig, api_client: client.ApiClient, state: ClusterState,
-                  recorder: EventRecorder, shared: SharedCaches, registry: CollectorRegistry | None = None,
-                  identity: str | None = None) -> Expander:
-    """The expander wired to the API server: the shared caches, inventory and recorder, its own claim
-    caches, the Lease."""
+                  recorder: EventRecorder, shared: SharedCaches, registry: CollectorRegistry | None = None, *,
+                  leader: RunnableLeader) -> Expander:
+    """The expander wired to the API server: the shared caches, inventory and recorder, its own
+    NodePool cache, the process's leader."""
     port = KubeExpansionPort(api_client, state.node_gpus, recorder, shared)
-    leader = LeaseKeeper(
-        api_client, config.lease_name, config.lease_namespace,
-        identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
-        duration_seconds=config.lease_duration_seconds, renew_seconds=config.lease_renew_seconds)
     expander = Expander(config, port, leader=leader, request_of=state.request_of,
                         metrics=ExpansionMetrics(registry))
     port.set_on_change(expander.wake)

@@ -48,7 +48,7 @@ NodeLookup = Callable[[str], Mapping[str, Any] | None]
 
 
 @dataclass(frozen=True)
-class Plan:
+class ReservationPlan:
     create: list[tuple[str, str]]  # (gpu, node)
     delete: list[tuple[str, str, str]]  # (pod name, uid, why)
     refused: list[str]  # GPUs whose reservation pod the node refused (deleted above, replaced later)
@@ -68,7 +68,7 @@ def wanted(held: Mapping[str, str], node: NodeLookup) -> dict[str, str]:
 
 
 def plan(want: Mapping[str, str], existing: Sequence[Mapping[str, Any]],
-         failed_recently: Callable[[str], bool] = lambda gpu: False) -> Plan:
+         failed_recently: Callable[[str], bool] = lambda gpu: False) -> ReservationPlan:
     """What to create and delete so that exactly one live reservation pod exists per wanted GPU."""
     have: dict[str, Mapping[str, Any]] = {}
     delete: list[tuple[str, str, str]] = []
@@ -96,7 +96,7 @@ def plan(want: Mapping[str, str], existing: Sequence[Mapping[str, Any]],
             have[gpu] = pod
     create = [(gpu, node) for gpu, node in sorted(want.items())
               if gpu not in have and not failed_recently(gpu)]
-    return Plan(create, delete, refused)
+    return ReservationPlan(create, delete, refused)
 
 
 class ReservationKeeper:
@@ -150,7 +150,7 @@ class ReservationKeeper:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await watch
 
-    async def reconcile(self) -> Plan:
+    async def reconcile(self) -> ReservationPlan:
         want = wanted(self.state.held_gpus(), self.nodes.get)
         todo = plan(want, self.cache.list(), self._failed_recently)
         for gpu in todo.refused:

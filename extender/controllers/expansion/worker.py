@@ -93,7 +93,10 @@ class ExpansionPort(ClusterView, Protocol):
     async def stop(self) -> None: ...
 
 
-class Leader(Protocol):
+class RunnableLeader(Protocol):
+    """A leader the expander runs itself while it runs (``AlwaysLeader``, or the service's
+    ``Leadership.follower()``, whose run only waits)."""
+
     @property
     def is_leader(self) -> bool: ...
 
@@ -129,7 +132,7 @@ def _new_expansion_id() -> str:
 
 
 class Expander:
-    def __init__(self, config: ExpansionConfig, port: ExpansionPort, *, leader: Leader | None = None,
+    def __init__(self, config: ExpansionConfig, port: ExpansionPort, *, leader: RunnableLeader | None = None,
                  request_of: RequestOf = _parse_annotations, metrics: ExpansionMetrics | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  new_id: Callable[[], str] = _new_expansion_id) -> None:
@@ -137,7 +140,7 @@ class Expander:
         self.metrics = metrics or ExpansionMetrics()
         self._request_of = request_of
         self.port = port
-        self.leader: Leader = leader or AlwaysLeader()
+        self.leader: RunnableLeader = leader or AlwaysLeader()
         self.inflight = InFlight(config.max_in_flight, config.claim_timeout_seconds)
         self.flagged = CapacityFailureLog()
         self._clock = clock

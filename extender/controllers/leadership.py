@@ -1,0 +1,124 @@
+"""One leader election for the whole process (see docs/design.md, "Leader election")."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import uuid
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from extender.controllers import (
+    LEADER_LEASE,
+    LEASE_DURATION_SECONDS,
+    LEASE_RENEW_SECONDS,
+    LEGACY_LEASES,
+    Leader,
+)
+from extender.kube.client import error_message
+from extender.kube.lease import LeaseKeeper
+
+log = logging.getLogger(__name__)
+
+
+def new_identity() -> str:
+    return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+class HeldLease(Protocol):
+    """One Lease as ``LeaseKeeper`` takes, renews and releases it."""
+
+    name: str
+    namespace: str
+    identity: str
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    async def try_acquire(self) -> bool: ...
+
+    async def release(self) -> None: ...
+
+
+class Leadership:
+    """One leader election for the process: ``LEADER_LEASE``, then each of ``legacy`` in order.
+
+    The Leases are taken in one fixed order and a later one is only tried while the earlier ones are
+    held, so two new replicas can never each hold a part and wait for the other. Losing ``LEADER_LEASE``
+    to another holder gives up the later ones at once, so the new leader gets them without waiting for
+    them to expire."""
+
+    def __init__(self, keepers: Sequence[HeldLease], renew_seconds: float = LEASE_RENEW_SECONDS) -> None:
+        if not keepers:
+            raise ValueError("a leadership needs at least one Lease")
+        self.keepers = tuple(keepers)
+        self.renew_seconds = renew_seconds
+
+    @classmethod
+    def of(cls, api_client: Any, namespace: str, identity: str | None = None, *,
+           names: Sequence[str] = (LEADER_LEASE, *LEGACY_LEASES),
+           duration_seconds: float = LEASE_DURATION_SECONDS,
+           renew_seconds: float = LEASE_RENEW_SECONDS) -> Leadership:
+        who = identity or new_identity()
+        return cls([LeaseKeeper(api_client, name, namespace, who, duration_seconds=duration_seconds,
+                                renew_seconds=renew_seconds) for name in names], renew_seconds)
+
+    @property
+    def is_leader(self) -> bool:
+        return all(keeper.is_leader for keeper in self.keepers)
+
+    def follower(self) -> LeaderView:
+        """This leadership for a loop that expects to run its leader itself (the expander's)."""
+        return LeaderView(self)
+
+    async def step(self) -> bool:
+        """Take or renew the Leases in order; True when all are held."""
+        for position, keeper in enumerate(self.keepers):
+            try:
+                held = await keeper.try_acquire()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # kept while fresh (LeaseKeeper.is_leader); retried next round
+                log.warning("lease not renewed", extra={"lease": keeper.name, "error": error_message(exc)})
+                return False
+            if not held:
+                if position == 0:
+                    await self._release(self.keepers[1:])
+                return False
+        return True
+
+    async def run(self) -> None:
+        """Renew every ``renew_seconds`` until cancelled; release the Leases on the way out."""
+        try:
+            while True:
+                was_leader = self.is_leader
+                await self.step()
+                if was_leader != self.is_leader:
+                    first = self.keepers[0]
+                    log.info("leadership %s", "acquired" if self.is_leader else "lost",
+                             extra={"lease": f"{first.namespace}/{first.name}", "identity": first.identity})
+                await asyncio.sleep(self.renew_seconds)
+        finally:
+            await asyncio.shield(self._release(self.keepers))
+
+    async def _release(self, keepers: Sequence[HeldLease]) -> None:
+        for keeper in reversed(keepers):
+            with contextlib.suppress(Exception):
+                await keeper.release()
+
+
+class LeaderView:
+    """A ``Leadership`` seen by a loop that runs its leader itself: ``run`` only waits (the service runs
+    the leadership, once for every controller)."""
+
+    def __init__(self, leadership: Leader) -> None:
+        self._leadership = leadership
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leadership.is_leader
+
+    async def run(self) -> None:
+        await asyncio.Event().wait()
