@@ -4,8 +4,8 @@ patched at start-up, to measure the suggested fixes end to end before anyone cha
     python -m bench.whatif_extender serve --port 8080 --kubeconfig ...   (same arguments as tf-extender)
 
 1. (shipped since: prioritize answers plain dicts, encoded with orjson);
-2. ``ClusterState.pending_index_holder`` looks at the reservations of the one node (an index by node)
-   instead of scanning every reservation in flight (extender/state.py);
+2. ``AssumeCache.pending_index_holder`` looks at the reservations of the one node (an index by node)
+   instead of scanning every reservation in flight (extender/scheduling/assume.py);
 3. ``Metrics.count_rejections`` classifies each distinct message once and increments each reason class
    once per filter call (extender/metrics.py);
 4. (``bind-pool``) the API client's connection pool holds 64 connections instead of urllib3's default
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -29,9 +29,12 @@ PATCHES = ("pending-index-by-node", "count-rejections-once", "bind-pool")
 
 
 def patch_pending_index() -> None:
-    from extender.scheduling import state as st
+    from extender.common.pods import TERMINAL_PHASES, pod_uid
+    from extender.scheduling import assume
 
-    def index(self: Any) -> dict[str, set[str]]:
+    cache = assume.AssumeCache
+
+    def node_index(self: Any) -> dict[str, set[str]]:
         by_node: dict[str, set[str]] | None = self.__dict__.get("_whatif_reserved_by_node")
         if by_node is None:
             by_node = {}
@@ -40,21 +43,20 @@ def patch_pending_index() -> None:
             self.__dict__["_whatif_reserved_by_node"] = by_node
         return by_node
 
-    reserve, release = st.ClusterState.reserve, st.ClusterState.release
-    drop = st.ClusterState._drop_reserved_pod
+    reserve, release, drop = cache.reserve, cache.release, cache.forget
 
     def forget(self: Any, uid: str) -> None:
         pod = self._reserved_pods.get(uid)
         if pod is not None and pod.node is not None:
-            index(self).get(pod.node, set()).discard(uid)
+            node_index(self).get(pod.node, set()).discard(uid)
 
-    def reserve_indexed(self: Any, pod: dict[str, Any], node: str) -> Any:
-        uid = st.pod_uid(pod)
+    def reserve_indexed(self: Any, pod: Mapping[str, Any], node: str, request: Any) -> Any:
+        uid = pod_uid(pod)
         old = self._reserved_pods.get(uid)
-        reservation = reserve(self, pod, node)  # on failure nothing changed: nothing to index
+        reservation = reserve(self, pod, node, request)  # on failure nothing changed: nothing to index
         if old is not None and old.node != node:
-            index(self).get(old.node, set()).discard(uid)
-        index(self).setdefault(node, set()).add(uid)
+            node_index(self).get(old.node, set()).discard(uid)
+        node_index(self).setdefault(node, set()).add(uid)
         return reservation
 
     def release_indexed(self: Any, reservation: Any) -> None:
@@ -67,23 +69,23 @@ def patch_pending_index() -> None:
         forget(self, uid)
         drop(self, uid)
 
-    def pending_index_holder(self: Any, node: str, index_: int, pod_uid: str) -> str | None:
-        on_node = self._pods_by_node.get(node, set())
-        candidates = [self._pods[uid] for uid in on_node]
-        for uid in index(self).get(node, ()):
+    def pending_index_holder(self: Any, node: str, index: int, pod_uid: str) -> str | None:
+        on_node = self._cluster.pods_by_node.get(node, set())
+        candidates = [self._cluster.pods[uid] for uid in on_node]
+        for uid in node_index(self).get(node, ()):
             pod = self._reserved_pods.get(uid)
             if pod is not None and pod.node == node and uid not in on_node:
                 candidates.append(pod)
         for pod in sorted(candidates, key=lambda p: p.key):
-            busy = pod.phase not in ("Running", *st.TERMINAL_PHASES)
-            if pod.uid != pod_uid and pod.index == index_ and busy:
+            busy = pod.phase not in ("Running", *TERMINAL_PHASES)
+            if pod.uid != pod_uid and pod.index == index and busy:
                 return str(pod.key)
         return None
 
-    st.ClusterState.reserve = reserve_indexed  # type: ignore[method-assign]
-    st.ClusterState.release = release_indexed  # type: ignore[method-assign]
-    st.ClusterState._drop_reserved_pod = drop_indexed  # type: ignore[method-assign]
-    st.ClusterState.pending_index_holder = pending_index_holder  # type: ignore[method-assign]
+    cache.reserve = reserve_indexed  # type: ignore[method-assign]
+    cache.release = release_indexed  # type: ignore[method-assign]
+    cache.forget = drop_indexed  # type: ignore[method-assign]
+    cache.pending_index_holder = pending_index_holder  # type: ignore[method-assign]
 
 
 def patch_count_rejections() -> None:

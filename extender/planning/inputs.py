@@ -28,7 +28,7 @@ def _always(config: PoolConfig) -> bool:
 @dataclass
 class Inputs:
     now: dt.datetime
-    state: ClusterState
+    state: ClusterState  # the live state, read only: trial placements go through state.what_if()
     pools: Sequence[Mapping[str, Any]] = ()
     nodes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # Node objects by name
     gpunodeclaims: Sequence[Mapping[str, Any]] = ()

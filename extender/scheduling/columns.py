@@ -42,6 +42,19 @@ class GPUColumns:
         self._alloc(1024)
         self._pods = np.zeros(256, dtype=_INT)
 
+    def copy(self, slots_of: Callable[[str], Sequence[Slot]], pods_on: Callable[[str], int]) -> GPUColumns:
+        """An independent copy reading another picture (a what-if copy of the one this reads)."""
+        other = GPUColumns.__new__(GPUColumns)
+        other.__dict__.update(self.__dict__)
+        other._slots_of, other._pods_on = slots_of, pods_on
+        other._node_ids, other._codes = dict(self._node_ids), dict(self._codes)
+        other._rows = {node: list(rows) for node, rows in self._rows.items()}
+        other._free, other._dirty = list(self._free), set(self._dirty)
+        for name in ("node", "cap_t", "cap_v", "used_t", "used_v", "whole", "pool", "model", "vendor",
+                     "index", "ok", "_pods"):
+            setattr(other, name, getattr(self, name).copy())
+        return other
+
     def _alloc(self, size: int) -> None:
         def grow(old: npt.NDArray[np.int64], fill: int) -> npt.NDArray[np.int64]:
             new = np.full(size, fill, dtype=_INT)

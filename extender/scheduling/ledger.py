@@ -84,6 +84,24 @@ class Ledger:
         self._pods_per_node: Counter[str] = Counter()
         self._by_node: dict[str, set[str]] = {}
 
+    def copy(self) -> Ledger:
+        """An independent copy that reports no refusal (for what-if planning)."""
+        other = Ledger()
+        other._trusted = set(self._trusted)
+        other._refused = dict(self._refused)
+        other._reported = {uid: set(seen) for uid, seen in self._reported.items()}
+        other._admitted = dict(self._admitted)
+        other._admissions = self._admissions
+        other._bound = dict(self._bound)
+        other._reserved = dict(self._reserved)
+        other._effective = dict(self._effective)
+        other._holders = {gpu: set(uids) for gpu, uids in self._holders.items()}
+        other._gpus = dict(self._gpus)
+        other._usage = dict(self._usage)
+        other._pods_per_node = Counter(self._pods_per_node)
+        other._by_node = {node: set(uids) for node, uids in self._by_node.items()}
+        return other
+
     # --- GPUs -------------------------------------------------------------------------------------
 
     def set_gpu(self, name: str, node: str, capacity_tflops: int, capacity_vram: int) -> set[str]:

@@ -7,16 +7,36 @@ Finding the true minimum is a bin-packing search, so the choice is a bounded heu
 3. else release pods in ascending priority until the pod fits, then drop again every victim that is not
    needed, trying the highest priority first. The result is irreducible (no victim can be spared) and
    prefers low priorities; it is the minimum in the common cases of equal-sized shares.
+
+``preempt`` and ``find_preemption`` apply that choice to the picture (kube-scheduler's PostFilter): the
+victims per candidate node, and the one node to preempt on, with PodDisruptionBudgets taken into account.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from extender.common.contract import GPURequest
+from extender.scheduling.cluster import Cluster
 from extender.scheduling.ledger import Allocation, Usage
-from extender.scheduling.placement import Slot, node_fits
+from extender.scheduling.placement import Fit, Slot, evaluate, node_fits
+
+
+class PdbCheck(Protocol):
+    """PodDisruptionBudgets as preemption sees them (pdb.py)."""
+
+    def protected(self, pod_key: str) -> bool: ...
+    def violations(self, pod_keys: Sequence[str]) -> int: ...
+
+
+@dataclass(frozen=True)
+class Victim:
+    uid: str
+    namespace: str
+    name: str
+    priority: int
 
 
 @dataclass(frozen=True)
@@ -73,3 +93,59 @@ def choose_victims(slots: Sequence[Slot], request: GPURequest, pods_on_node: int
         if _fits_without(slots, request, pods_on_node, max_pods, trial):
             released = trial
     return released
+
+
+def victims(cluster: Cluster, node: str, request: GPURequest, priority: int, uid: str,
+            pdb: PdbCheck | None = None) -> list[Victim] | None:
+    """The bound pods of lower priority on ``node`` whose release lets the pod fit (none needed: an empty
+    list), or None when no such set exists or nothing could help."""
+    ledger, max_pods = cluster.ledger, cluster.max_pods
+    slots = cluster.slots(node)
+    pods = ledger.pods_on(node)
+    if not slots or evaluate(slots, request, pods, max_pods).fit is Fit.UNRESOLVABLE:
+        return None
+    candidates = [
+        Candidate(a, {gpu: ledger.share(a, gpu) for gpu in a.gpu_ids})
+        for a in ledger.allocations_on(node)
+        if a.priority < priority and a.uid != uid and ledger.bound(a.uid) is a
+    ]
+    protected = (lambda c: pdb.protected(c.allocation.pod_key)) if pdb is not None else None
+    chosen = choose_victims(slots, request, pods, max_pods, candidates, protected)
+    if chosen is None:
+        return None
+    out = []
+    for victim in chosen:
+        namespace, _, name = victim.allocation.pod_key.partition("/")
+        out.append(Victim(victim.allocation.uid, namespace, name, victim.priority))
+    return out
+
+
+def preempt(cluster: Cluster, request: GPURequest, priority: int, uid: str, nodes: Sequence[str],
+            pdb: PdbCheck | None = None) -> dict[str, list[Victim]]:
+    """Per node, the victims whose release lets the pod fit; with ``pdb``, pods a PodDisruptionBudget
+    protects are chosen only when no other set will do."""
+    out: dict[str, list[Victim]] = {}
+    for node in nodes:
+        found = victims(cluster, node, request, priority, uid, pdb)
+        if found is not None:
+            out[node] = found
+    return out
+
+
+def find_preemption(cluster: Cluster, request: GPURequest, priority: int, uid: str,
+                    pdb: PdbCheck | None = None) -> tuple[str, list[Victim]] | None:
+    """The node and victims to preempt for, among the nodes with GPUs of the request's pool: the fewest
+    PodDisruptionBudget violations, then the fewest victims, then the lowest highest priority among them,
+    then the node name."""
+    loads = cluster.load_table()
+    nodes = [n for n in cluster.nodes() if request.pool in loads.get(n, {})]
+    options = preempt(cluster, request, priority, uid, nodes, pdb)
+    if not options:
+        return None
+
+    def broken(chosen: list[Victim]) -> int:
+        return pdb.violations([f"{v.namespace}/{v.name}" for v in chosen]) if pdb is not None else 0
+
+    best = min(options.items(), key=lambda item: (
+        broken(item[1]), len(item[1]), max((v.priority for v in item[1]), default=-(2**63)), item[0]))
+    return best[0], best[1]

@@ -22,7 +22,7 @@ from extender.planning.gaps import Gap, gap, room
 from extender.planning.inputs import Inputs
 from extender.planning.offerings import Launch, Offering, cheapest, offerings
 from extender.planning.pool import PoolConfig, ProvisioningMode
-from extender.scheduling.state import TERMINAL_PHASES, PlacementError
+from extender.scheduling.state import TERMINAL_PHASES, FilterOutcome, PlacementError
 
 MAX_RESOURCE_CONSTRAINT = "MaxResourceConstraintReached"
 NODECLASS_NOT_FOUND = "NodeClassNotFound"
@@ -58,6 +58,10 @@ def _pending(pod: Mapping[str, Any]) -> bool:
             and str((pod.get("status") or {}).get("phase") or "Pending") not in TERMINAL_PHASES)
 
 
+def _capacity_only(outcome: FilterOutcome) -> bool:
+    return not outcome.fits and outcome.capacity_only
+
+
 def pending_demand(inputs: Inputs, config: PoolConfig, nodes: Sequence[str],
                    offers: Sequence[Offering]) -> tuple[Amount, list[Offering]]:
     """What the pool's pending pods ask for, counting only pods that fit none of the pool's nodes for
@@ -66,6 +70,7 @@ def pending_demand(inputs: Inputs, config: PoolConfig, nodes: Sequence[str],
     the cheapest TFLOPS are)."""
     total = ZERO
     holding = list(offers)
+    asking: list[tuple[Mapping[str, Any], GPURequest]] = []
     for pod in inputs.pods:
         if not _pending(pod):
             continue
@@ -73,12 +78,14 @@ def pending_demand(inputs: Inputs, config: PoolConfig, nodes: Sequence[str],
             request = inputs.state.request_of(pod)
         except PlacementError:
             continue
-        if request.pool != config.name:
-            continue
-        if nodes:
-            outcome = inputs.state.filter(dict(pod), list(nodes))
-            if outcome.fits or not outcome.capacity_only:
-                continue
+        if request.pool == config.name:
+            asking.append((pod, request))
+    if nodes and asking:
+        # the filter lapses holds and caches verdicts: a plan asks a what-if copy, never the live state
+        with inputs.state.what_if() as sim:
+            asking = [(pod, request) for pod, request in asking
+                      if _capacity_only(sim.filter(dict(pod), list(nodes)))]
+    for _pod, request in asking:
         holders = [o for o in offers if _holds(o, request)]
         if not holders:
             continue

@@ -12,8 +12,8 @@ its workers, largest first, as the scheduler would, but only on *targets*: pool 
 candidates, not empty, not cordoned, at least as full as the candidate, and that the worker's
 nodeSelector, required node affinity and tolerations admit. Workers placed earlier in the
 plan hold their room for the later ones. A candidate any of whose workers fits on no target is left
-alone ("no-room"). The simulation's reservations are released before ``plan_pool`` returns, so the state
-is as it was.
+alone ("no-room"). The simulation runs on a what-if copy of the state (``ClusterState.what_if``): the live
+state is never changed and nothing it would tell of a change (a scheduler nudge) happens.
 
 ``plan_defrag`` is the same planner for ``tf-extender plan --defrag``: over a snapshot's ``Inputs``, the
 evictions a run would make now ("evict", with the node the simulation found) and the candidate nodes it
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -362,8 +363,9 @@ def _size(worker: Allocation) -> tuple[int, int, str]:
 def _place_node(state: ClusterState, source: NodeUse, workers: Sequence[Allocation],
                 pods: Mapping[str, Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]],
                 targets: Sequence[str], tainted: frozenset[str],
-                reason: str) -> tuple[list[Move], list[Reservation], str | None]:
-    """Place the node's workers on ``targets``; on the first that fits nowhere, undo and say why."""
+                reason: str) -> tuple[list[Move], str | None]:
+    """Place the node's workers on ``targets`` (in a what-if copy: the room they take stays taken for the
+    next candidates); on the first that fits nowhere, undo and say why."""
     moves: list[Move] = []
     held: list[Reservation] = []
     for worker in sorted(workers, key=_size):
@@ -382,8 +384,8 @@ def _place_node(state: ClusterState, source: NodeUse, workers: Sequence[Allocati
         if not placed:
             for reservation in held:
                 state.release(reservation)
-            return [], [], f"pod {worker.pod_key} fits on no node of the pool that is at least as full"
-    return moves, held, None
+            return [], f"pod {worker.pod_key} fits on no node of the pool that is at least as full"
+    return moves, None
 
 
 def plan_pool(state: ClusterState, pool: str, config: DefragConfig, snapshot: Snapshot,
@@ -403,8 +405,8 @@ def plan_pool(state: ClusterState, pool: str, config: DefragConfig, snapshot: Sn
     moves: list[Move] = []
     skips: list[Skip] = []
     eligible: list[str] = []
-    held: list[Reservation] = []
-    try:
+    # only a simulation needs the copy; without one, nothing below changes the state
+    with state.what_if() if simulate and candidates else nullcontext(state) as sim:
         for node in candidates:
             if wanted is not None and node not in wanted:
                 continue
@@ -426,16 +428,12 @@ def plan_pool(state: ClusterState, pool: str, config: DefragConfig, snapshot: Sn
             targets = [n for n, fullness in open_nodes if fullness >= use.fullness]
             reason = (f"node {node} has {use.used_gpus}/{use.gpus} GPUs in use "
                       f"({use.occupancy:.0f}% <= {threshold}%)")
-            node_moves, node_held, problem = _place_node(state, use, workers, pods, snapshot.nodes, targets,
-                                                         tainted, reason)
+            node_moves, problem = _place_node(sim, use, workers, pods, snapshot.nodes, targets, tainted,
+                                              reason)
             if problem is not None:
                 skips.append(Skip(node, SkipReason.NO_ROOM, problem))
                 continue
             moves.extend(node_moves)
-            held.extend(node_held)
-    finally:
-        for reservation in held:
-            state.release(reservation)
     return Plan(pool, tuple(candidates), tuple(moves), tuple(skips), fenced, tuple(eligible))
 
 
