@@ -24,7 +24,7 @@ unit: venv
 	$(BIN)/pytest -m "not e2e" $(PYTEST_ARGS)
 
 control-plane:
-	bash tests/e2e/build-control-plane.sh
+	bash tests/harness/build-control-plane.sh
 
 e2e: venv control-plane
 	$(BIN)/pytest -m e2e $(PYTEST_ARGS)

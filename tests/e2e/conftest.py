@@ -3,8 +3,8 @@
 Fixtures (all session scoped unless noted):
 
 - ``e2e_binaries``   {etcd, kube-apiserver, kube-scheduler, kwok, kwok-stages: Path}, built/cached by
-                      tests/e2e/build-control-plane.sh
-- ``control_plane``  controlplane.ControlPlane, started, with the project's CRDs (manifests/crds) installed:
+                      tests/harness/build-control-plane.sh
+- ``control_plane``  harness.ControlPlane, started, with the project's CRDs (manifests/crds) installed:
                       .server (https URL), .kubeconfig (admin, system:masters client cert), .server_ca /
                       .client_ca / .admin (CertPair), .client_cert(name, user, groups), .workdir, .log_dir,
                       .api_client(kubeconfig=None), .write_kubeconfig(path, user, cert),
@@ -52,7 +52,7 @@ from typing import Any
 
 import pytest
 
-from . import controlplane as cpl
+from tests import harness as cpl
 
 _ACTIVE: dict[str, cpl.ControlPlane] = {}
 
@@ -81,7 +81,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_terminal_summary(terminalreporter):
     """One line when the Cluster Autoscaler tests were skipped for want of a binary (e2e/autoscaler.py)."""
-    from .autoscaler import NOT_RUN
+    from tests.harness.autoscaler import NOT_RUN
 
     skipped = terminalreporter.stats.get("skipped", [])
     if any(NOT_RUN in str(getattr(report, "longrepr", "")) for report in skipped):

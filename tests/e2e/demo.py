@@ -26,8 +26,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.e2e import controlplane as cpl
-from tests.e2e.karpenter import Karpenter, start_karpenter
+from tests import harness as cpl
+from tests.harness.karpenter import Karpenter, start_karpenter
 
 NAMESPACE = "demo"
 

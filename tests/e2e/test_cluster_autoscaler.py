@@ -28,9 +28,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import autoscaler as ca
-from . import controlplane as cpl
-from .expansion_support import ensure_pool
+from tests import harness as cpl
+from tests.harness import autoscaler as ca
+from tests.harness.expansion import ensure_pool
 
 BINARY = ca.binary()
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(BINARY is None, reason=ca.NOT_RUN)]

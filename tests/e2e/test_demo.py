@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from . import controlplane as cpl
+from tests import harness as cpl
 
 pytestmark = pytest.mark.e2e
 

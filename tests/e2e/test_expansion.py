@@ -15,8 +15,8 @@ import uuid
 import pytest
 from kubernetes import client
 
-from . import controlplane as cpl
-from .expansion_support import (
+from tests import harness as cpl
+from tests.harness.expansion import (
     DO_NOT_DISRUPT,
     EXPANSION_POD_UID,
     GROUP,
@@ -31,7 +31,7 @@ from .expansion_support import (
     run_extender_fixture,
     wait_for_event,
 )
-from .karpenter import INSTANCE_TYPE, NODEPOOL_LABEL, ZONE, karpenter_fixture
+from tests.harness.karpenter import INSTANCE_TYPE, NODEPOOL_LABEL, ZONE, karpenter_fixture
 
 pytestmark = pytest.mark.e2e
 

@@ -37,7 +37,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from . import controlplane as cpl
+from tests import harness as cpl
 
 pytestmark = pytest.mark.e2e
 

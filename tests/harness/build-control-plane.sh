@@ -24,7 +24,7 @@
 # newest served 1.36 patch) builds as is, so no fallback to 1.35 is needed; override with K8S_VERSION=...
 # kwok also gets its "fast" stage definitions copied next to the binary (stages.yaml, see build_kwok).
 #
-# Usage: tests/e2e/build-control-plane.sh [component...]   (default: all)
+# Usage: tests/harness/build-control-plane.sh [component...]   (default: all)
 #        Prints "export TF_BIN_<COMPONENT>=<path>" lines at the end for scripting.
 set -euo pipefail
 
