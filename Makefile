@@ -35,7 +35,7 @@ test: lint typecheck control-plane
 
 ## make demo [ONCE=1]: local control plane, sample GPU cluster and pods, a placement table
 demo: venv control-plane
-	$(BIN)/python -m tests.e2e.demo $(if $(ONCE),--once,)
+	$(BIN)/python -m demo $(if $(ONCE),--once,)
 
 ## make bench [QUICK=1]: benchmarks, results in bench/results/latest.md
 bench: venv control-plane

@@ -1,4 +1,5 @@
-"""``make demo``: the whole product on a local control plane, with a small GPU cluster and sample pods.
+"""``make demo`` (``python -m demo``): the whole product on a local control plane, with a small GPU cluster
+and sample pods.
 
 It starts etcd, kube-apiserver, kube-controller-manager, kwok (playing kubelet), tf-webhook, tf-extender,
 kube-scheduler with the project's own configuration and the real Karpenter (KWOK provider), creates three
