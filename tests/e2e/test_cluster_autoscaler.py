@@ -32,8 +32,7 @@ from tests import harness as cpl
 from tests.harness import autoscaler as ca
 from tests.harness.expansion import ensure_pool
 
-BINARY = ca.binary()
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(BINARY is None, reason=ca.NOT_RUN)]
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(ca.source() is None, reason=ca.NOT_RUN)]
 
 GROUP_LABEL = "tensor-fusion.ai/e2e-node-group"
 GROUP = "gpu-a100"
@@ -58,8 +57,9 @@ def autoscaled(cluster, webhook, api_client, extender_runner, e2e_binaries) -> I
     template = ca.gpu_template(GROUP_LABEL, GROUP, POOL, gpu_label=GPU_LABEL, gpu_type=GPU_TYPE)
     ca.write_provider_config(api_client, CA_NS, GROUP_LABEL, GPU_LABEL, GPU_TYPE, [template])
     scheduler = ca.start_default_scheduler(cluster, e2e_binaries["kube-scheduler"])
-    assert BINARY is not None
-    autoscaler = ca.start_cluster_autoscaler(cluster, BINARY, CA_NS)
+    binary = ca.binary()
+    assert binary is not None
+    autoscaler = ca.start_cluster_autoscaler(cluster, binary, CA_NS)
     yield {"namespace": "e2e-ca-pods", "extender": extender_runner}
     for proc in (autoscaler, scheduler):
         proc.stop()

@@ -100,6 +100,8 @@ from .pki import (
     make_service_account_key,
 )
 from .processes import (
+    PORT_LOCK_DIR,
+    PORT_RANGE,
     PROCESSES,
     TIMEOUT_SCALE,
     ManagedProcess,
@@ -127,6 +129,8 @@ __all__ = [
     "INDEX_RESOURCES",
     "KWOK_NODE_ANNOTATION",
     "MANIFESTS",
+    "PORT_LOCK_DIR",
+    "PORT_RANGE",
     "PROCESSES",
     "PROJECT_NAMESPACE",
     "REPO_ROOT",

@@ -13,6 +13,7 @@ The kwok provider reads its node groups from two ConfigMaps in the namespace giv
 
 from __future__ import annotations
 
+import fcntl
 import lzma
 import os
 import shutil
@@ -55,23 +56,31 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TF_CACHE_DIR") or Path.home() / ".cache" / "tensor-fusion-extender")
 
 
+def source() -> Path | None:
+    """The file ``TF_CLUSTER_AUTOSCALER`` names (a binary or its ``.xz``); None when the variable is unset or
+    names nothing. Cheap: what decides at collection whether the tests run."""
+    raw = os.environ.get(ENV_BINARY, "").strip()
+    return Path(raw) if raw and Path(raw).is_file() else None
+
+
 def binary() -> Path | None:
     """The Cluster Autoscaler binary named by ``TF_CLUSTER_AUTOSCALER``, unpacked into the binary cache when
-    it is an ``.xz``; None when the variable is unset or names nothing."""
-    raw = os.environ.get(ENV_BINARY, "").strip()
-    if not raw or not Path(raw).is_file():
-        return None
-    source = Path(raw)
-    if source.suffix != ".xz":
-        return source
+    it is an ``.xz`` (only when a test needs it, so a run that selects none unpacks nothing); None when the
+    variable is unset or names nothing."""
+    given = source()
+    if given is None or given.suffix != ".xz":
+        return given
     target = cache_dir() / "bin" / f"cluster-autoscaler-{VERSION}" / "cluster-autoscaler"
-    if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix(".partial")
-        with lzma.open(source) as packed, partial.open("wb") as out:
-            shutil.copyfileobj(packed, out, 1 << 20)
-        partial.chmod(0o755)
-        partial.replace(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # two runs (or workers) may ask at once: one unpacks, the others wait and reuse it
+    with (target.parent / ".unpack.lock").open("ab") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists() or target.stat().st_mtime < given.stat().st_mtime:
+            partial = target.with_name(f"{target.name}.partial.{os.getpid()}")
+            with lzma.open(given) as packed, partial.open("wb") as out:
+                shutil.copyfileobj(packed, out, 1 << 20)
+            partial.chmod(0o755)
+            partial.replace(target)
     return target
 
 

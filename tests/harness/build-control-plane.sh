@@ -46,6 +46,10 @@ log() { printf '[build-control-plane %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 command -v go >/dev/null || { log "go is not installed"; exit 1; }
 mkdir -p "$BIN_DIR"
+# One build at a time per cache: pytest-xdist workers, `make control-plane` and the demo may all ask at
+# once; the others wait here and then find everything cached.
+exec 9>"$CACHE_DIR/.build.lock"
+flock 9
 
 WORK_ROOT="$(mktemp -d "${TMPDIR:-/tmp}/tf-cp-build.XXXXXX")"
 trap 'rm -rf "$WORK_ROOT"' EXIT

@@ -3,11 +3,19 @@
 Every process a test starts (etcd, kube-apiserver, the schedulers, kwok, Karpenter, the project's own
 services) is a ``ManagedProcess``: its own process group, its output in ``<log_dir>/<name>.log``, stopped as a
 group. ``PROCESSES`` holds them all so that one call stops everything at session end or at exit.
+
+Ports: ``free_port()`` hands out a loopback port that no other process of the suite holds, even with
+pytest-xdist workers (and the programs they start, such as the demo) allocating at the same time. Each port
+comes from below the kernel's ephemeral range (where outgoing connections take theirs) and is reserved by
+an ``flock`` on a file named after it, held until the allocating process exits: a port is never handed to
+two live processes, and it stays reserved while the program it was given to restarts on it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
 import shutil
 import signal
@@ -15,19 +23,74 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+# Listening ports come from here: under the ephemeral range (32768-60999 on Linux), so no outgoing
+# connection holds one, and above the well-known services of a developer's machine.
+PORT_RANGE = range(20000, 32000)
+PORT_LOCK_DIR = Path(os.environ.get("TF_E2E_PORT_LOCK_DIR") or Path(tempfile.gettempdir()) / "tf-e2e-ports")
+
+
+class _PortAllocator:
+    """Ports reserved for this process: each by an exclusive flock on ``PORT_LOCK_DIR/<port>`` (released by
+    the kernel when the process ends, however it ends) and checked free by a bind."""
+
+    def __init__(self, ports: range, lock_dir: Path) -> None:
+        self._ports = ports
+        self._lock_dir = lock_dir
+        self._held: dict[int, IO[bytes]] = {}
+        self._lock = threading.Lock()
+        # processes start at different places of the range, so they seldom contend for the same file
+        self._next = ports.start + (os.getpid() * 7919) % len(ports)
+
+    def allocate(self) -> int:
+        with self._lock:
+            self._lock_dir.mkdir(parents=True, exist_ok=True)
+            for _ in range(len(self._ports)):
+                port = self._next
+                self._next = port + 1 if port + 1 < self._ports.stop else self._ports.start
+                if port not in self._held and self._reserve(port):
+                    return port
+        raise RuntimeError(f"no free port left in {self._ports.start}-{self._ports.stop - 1}")
+
+    def _reserve(self, port: int) -> bool:
+        handle = open(self._lock_dir / str(port), "ab")  # noqa: SIM115 - held as long as this process lives
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            handle.close()
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                return False  # another live process holds it
+            raise
+        if not _bindable(port):  # something outside the suite listens there
+            handle.close()
+            return False
+        self._held[port] = handle
+        return True
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+_PORTS = _PortAllocator(PORT_RANGE, PORT_LOCK_DIR)
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback TCP port that nothing listens on and that no other process of the suite was given."""
+    return _PORTS.allocate()
 
 
 # Every wait in the suite is a poll for an outcome; its bound only matters when the outcome never comes.
