@@ -2,7 +2,7 @@
 
 One tainted GPU node group (``nvidia.com/gpu=present:NoSchedule``, min 0, max 5, one A100 80GB per node,
 the index resources from the shipped node-template hints), the autoscaler with short scan and scale-down
-timers (tests/e2e/autoscaler.py), a plain default scheduler for native GPU pods and placeholders, and the
+timers (tests/harness/autoscaler.py), a plain default scheduler for native GPU pods and placeholders, and the
 webhook + scheduler + extender. The scenarios run in order on the same group:
 
 1. the practice-guide pod (native ``nvidia.com/gpu: 1``, not opted in) scales the group 0 -> 1 and, once
