@@ -38,20 +38,20 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 # first test starts the real extender. A serial run keeps the same order.
 _SMOKE_FIRST = ("tests/e2e/test_controlplane.py", "tests/e2e/test_manifests.py")
 # Longest first, by each module's wall time in a parallel run (the "slowest modules" section of a run):
-# seconds measured with four workers on two shared cores.
+# seconds, the mean of two runs with four workers on two shared cores.
 _LONGEST_FIRST = (
-    "tests/e2e/test_demo.py",  # 363
-    "tests/e2e/test_capacity_e2e.py",  # 284
-    "tests/e2e/test_cluster_autoscaler.py",  # 229 (with TF_CLUSTER_AUTOSCALER)
-    "tests/e2e/test_expansion_disruption.py",  # 193
-    "tests/e2e/test_expansion.py",  # 176
-    "tests/e2e/test_bind_load_e2e.py",  # 135
-    "tests/e2e/test_defrag_e2e.py",  # 119
-    "tests/e2e/test_operating_e2e.py",  # 109
-    "tests/e2e/test_burst_e2e.py",  # 80
-    "tests/e2e/test_expansion_overlay.py",  # 70
-    "tests/e2e/test_autoscaler_pods.py",  # 35
-    "tests/e2e/test_helm_chart.py",  # 30
+    "tests/e2e/test_demo.py",  # 360
+    "tests/e2e/test_capacity_e2e.py",  # 274
+    "tests/e2e/test_cluster_autoscaler.py",  # 223 (with TF_CLUSTER_AUTOSCALER)
+    "tests/e2e/test_expansion_disruption.py",  # 184
+    "tests/e2e/test_expansion.py",  # 183
+    "tests/e2e/test_defrag_e2e.py",  # 116
+    "tests/e2e/test_bind_load_e2e.py",  # 96
+    "tests/e2e/test_operating_e2e.py",  # 75
+    "tests/e2e/test_burst_e2e.py",  # 64
+    "tests/e2e/test_expansion_overlay.py",  # 63
+    "tests/e2e/test_helm_chart.py",  # 35
+    "tests/e2e/test_autoscaler_pods.py",  # 34
 )
 
 

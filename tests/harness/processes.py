@@ -7,8 +7,9 @@ group. ``PROCESSES`` holds them all so that one call stops everything at session
 Ports: ``free_port()`` hands out a loopback port that no other process of the suite holds, even with
 pytest-xdist workers (and the programs they start, such as the demo) allocating at the same time. Each port
 comes from below the kernel's ephemeral range (where outgoing connections take theirs) and is reserved by
-an ``flock`` on a file named after it, held until the allocating process exits: a port is never handed to
-two live processes, and it stays reserved while the program it was given to restarts on it.
+an ``flock`` on a file named after it (in ``TF_E2E_PORT_LOCK_DIR``, default ``$TMPDIR/tf-e2e-ports``), held
+until the allocating process exits: a port is never handed to two live processes, and it stays reserved
+while the program it was given to restarts on it.
 """
 
 from __future__ import annotations
