@@ -1,4 +1,4 @@
-"""A real control plane for the benchmarks, from the end-to-end harness (tests/e2e/controlplane.py).
+"""A real control plane for the benchmarks, from the end-to-end harness (tests/harness/).
 
 One control plane (etcd + kube-apiserver, CRDs installed) is shared by the benchmarks of one run; each
 benchmark starts the processes it measures (kwok, schedulers, extender, webhook) and stops them itself.
@@ -19,7 +19,7 @@ from bench.common import REPO_ROOT, TMP_DIR, log
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from tests.e2e import controlplane as cpl
+from tests import harness as cpl
 
 __all__ = ["BenchCluster", "cpl", "create_cluster_scoped", "ensure_namespace", "parallel"]
 
@@ -57,7 +57,7 @@ class BenchCluster:
         if self.workdir.exists():
             shutil.rmtree(self.workdir)
         self.workdir.mkdir(parents=True)
-        log("control plane: building/caching binaries (tests/e2e/build-control-plane.sh)")
+        log("control plane: building/caching binaries (tests/harness/build-control-plane.sh)")
         self.binaries = cpl.build_binaries()
         self.cp = cpl.ControlPlane(self.workdir, self.binaries)
         self.cp.start()

@@ -13,7 +13,7 @@ run twice on the same kwok nodes (8 GPUs each, advertised both as TensorFusion G
 Two more variants, each measured beside its own baseline in the same run:
 
 - *contended*: kube-apiserver and etcd at the lowest CPU priority (nice 19, every thread) with busy-loop
-  processes oversubscribing every core, during both phases (tests/e2e/starve.py): the API server is the
+  processes oversubscribing every core, during both phases (tests/harness/starve.py): the API server is the
   slow part, as in an overloaded production control plane;
 - *unthrottled*: kube-scheduler's clientConnection qps/burst raised to 500/1000 for both phases, so the
   baseline is no longer capped by the default 50 QPS; a third phase runs bench/floor_extender.py (no
@@ -468,7 +468,7 @@ def variant_conditions(variant: str, cluster: Any, seconds: float
                        ) -> Callable[[], AbstractContextManager[Any]]:
     if variant != "contended":
         return contextlib.nullcontext
-    from tests.e2e.starve import starved
+    from tests.harness.starve import starved
 
     pids = [cluster.cp.apiserver.pid, cluster.cp.etcd.pid]
     return lambda: starved(pids, seconds=seconds, log_dir=TMP_DIR)
@@ -760,7 +760,7 @@ def variants_table(pods: int, phases: dict[str, list[dict[str, Any]]], base: dic
     table.notes += [
         "contended: kube-apiserver and etcd reniced to 19 (every thread, kept so) and two busy-loop "
         "processes per core at the benchmark's own priority, from scheduler start to the last bind of each "
-        "phase (tests/e2e/starve.py). unthrottled: clientConnection qps 500, burst 1000 for both phases.",
+        "phase (tests/harness/starve.py). unthrottled: clientConnection qps 500, burst 1000 for both phases.",
         "CPU ratio: the baseline's CPU per bound pod over the project's, all processes of the CPU table "
         "summed; where it matches the pods/s ratio, both phases were bound by the machine's CPU.",
         "floor extender: bench/floor_extender.py in the project phase (same configuration, pods and "

@@ -130,7 +130,7 @@ class Servers:
     """The two servers under test, started as subprocesses on loopback."""
 
     def __init__(self, kubeconfig: Path, workdir: Path) -> None:
-        from tests.e2e.controlplane import free_port  # the harness's helper, importable via bench.cluster
+        from tests.harness import free_port  # the harness's helper, importable via bench.cluster
 
         self.workdir = workdir
         self.certs = generate_certs(workdir / "certs")

@@ -1,8 +1,8 @@
 """Where the tests find upstream schemas, without any folder outside the repository.
 
 Karpenter's CRDs come from the Karpenter Go module at the version the e2e suite runs
-(``tests/e2e/build-control-plane.sh karpenter-crds``: a module download, cached beside the Karpenter binary,
-no build). TensorFusion compatibility is checked against the project's own example objects in
+(``tests/harness/build-control-plane.sh karpenter-crds``: a module download, cached beside the Karpenter
+binary, no build). TensorFusion compatibility is checked against the project's own example objects in
 ``tests/compat/tensor-fusion/``.
 """
 
@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
-BUILD_SCRIPT = TESTS / "e2e" / "build-control-plane.sh"
+BUILD_SCRIPT = TESTS / "harness" / "build-control-plane.sh"
 TENSOR_FUSION_EXAMPLES = TESTS / "compat" / "tensor-fusion"
 
 

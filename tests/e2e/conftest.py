@@ -3,8 +3,8 @@
 Fixtures (all session scoped unless noted):
 
 - ``e2e_binaries``   {etcd, kube-apiserver, kube-scheduler, kwok, kwok-stages: Path}, built/cached by
-                      tests/e2e/build-control-plane.sh
-- ``control_plane``  controlplane.ControlPlane, started, with the project's CRDs (manifests/crds) installed:
+                      tests/harness/build-control-plane.sh
+- ``control_plane``  harness.ControlPlane, started, with the project's CRDs (manifests/crds) installed:
                       .server (https URL), .kubeconfig (admin, system:masters client cert), .server_ca /
                       .client_ca / .admin (CertPair), .client_cert(name, user, groups), .workdir, .log_dir,
                       .api_client(kubeconfig=None), .write_kubeconfig(path, user, cert),
@@ -37,7 +37,13 @@ Fixtures (all session scoped unless noted):
                       deleted at teardown
 
 Environment: TF_CACHE_DIR (binary cache), TF_E2E_WORKDIR (keep the control plane's files, logs included,
-in this directory instead of a pytest tmp dir).
+in this directory instead of a pytest tmp dir; one subdirectory per pytest-xdist worker), TF_E2E_EXTENDER_PORT
+(the extender's port; worker N of a parallel run takes that port + N).
+
+In parallel (pytest-xdist, ``make test``) every worker is a session of its own: it runs whole test modules
+(``--dist loadfile``) one after another on its own control plane, as a serial run does, with ports and
+folders no other worker uses (``tests/harness/processes.py``). The order modules are handed out in is set in
+``tests/conftest.py``.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ from typing import Any
 
 import pytest
 
-from . import controlplane as cpl
+from tests import harness as cpl
 
 _ACTIVE: dict[str, cpl.ControlPlane] = {}
 
@@ -61,27 +67,17 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "e2e: end-to-end test against a real local control plane")
 
 
-# Smoke tests of the bare control plane first: they include one that needs nothing listening on the
-# extender port, which holds only until the first test starts the real extender.
-_FIRST = ("test_controlplane.py", "test_manifests.py")
-
-
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: ``-m "not e2e"`` must see the mark
 def pytest_collection_modifyitems(config, items):
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.e2e)
 
-    def rank(item) -> int:
-        name = Path(str(item.fspath)).name
-        return _FIRST.index(name) if name in _FIRST else len(_FIRST)
-
-    items.sort(key=rank)  # stable: the order inside each file (and among the other files) is kept
-
 
 def pytest_terminal_summary(terminalreporter):
     """One line when the Cluster Autoscaler tests were skipped for want of a binary (e2e/autoscaler.py)."""
-    from .autoscaler import NOT_RUN
+    from tests.harness.autoscaler import NOT_RUN
 
     skipped = terminalreporter.stats.get("skipped", [])
     if any(NOT_RUN in str(getattr(report, "longrepr", "")) for report in skipped):
@@ -134,11 +130,17 @@ def e2e_binaries() -> dict[str, Path]:
     return dict(_BINARIES)
 
 
+def _worker() -> tuple[str, int]:
+    """This pytest-xdist worker's id and number ("gw3", 3), or ("", 0) in a serial run."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return name, int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
+
+
 @pytest.fixture(scope="session")
 def e2e_workdir(tmp_path_factory) -> Path:
     explicit = os.environ.get("TF_E2E_WORKDIR")
     if explicit:
-        p = Path(explicit)
+        p = Path(explicit) / _worker()[0]
         p.mkdir(parents=True, exist_ok=True)
         return p
     return tmp_path_factory.mktemp("controlplane")
@@ -173,7 +175,8 @@ def karpenter_crds(control_plane, api_client):
 
 @pytest.fixture(scope="session")
 def extender_port() -> int:
-    return int(os.environ.get("TF_E2E_EXTENDER_PORT") or cpl.free_port())
+    explicit = os.environ.get("TF_E2E_EXTENDER_PORT")
+    return int(explicit) + _worker()[1] if explicit else cpl.free_port()
 
 
 @pytest.fixture(scope="session")

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from . import autoscaler as ca
-from . import controlplane as cpl
-from .expansion_support import ensure_pool
+from tests import harness as cpl
+from tests.harness import autoscaler as ca
+from tests.harness.expansion import ensure_pool
 
 pytestmark = pytest.mark.e2e
 

@@ -17,8 +17,9 @@ import urllib.request
 import pytest
 from kubernetes import client
 
-from . import controlplane as cpl
-from .starve import starved
+from tests import harness as cpl
+from tests.harness.starve import starved
+
 from .test_burst_e2e import PODS, _burst, _check_placements, make_exact_capacity
 
 pytestmark = pytest.mark.e2e

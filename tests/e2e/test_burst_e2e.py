@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from kubernetes import client
 
-from . import controlplane as cpl
+from tests import harness as cpl
 
 pytestmark = pytest.mark.e2e
 

@@ -22,8 +22,8 @@ import yaml
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from . import controlplane as cpl
-from .karpenter import INSTANCE_TYPE, ZONE, InstanceType, Karpenter, karpenter_fixture
+from tests import harness as cpl
+from tests.harness.karpenter import INSTANCE_TYPE, ZONE, InstanceType, Karpenter, karpenter_fixture
 
 pytestmark = pytest.mark.e2e
 

@@ -2,7 +2,7 @@
 
 One tainted GPU node group (``nvidia.com/gpu=present:NoSchedule``, min 0, max 5, one A100 80GB per node,
 the index resources from the shipped node-template hints), the autoscaler with short scan and scale-down
-timers (tests/e2e/autoscaler.py), a plain default scheduler for native GPU pods and placeholders, and the
+timers (tests/harness/autoscaler.py), a plain default scheduler for native GPU pods and placeholders, and the
 webhook + scheduler + extender. The scenarios run in order on the same group:
 
 1. the practice-guide pod (native ``nvidia.com/gpu: 1``, not opted in) scales the group 0 -> 1 and, once
@@ -28,12 +28,11 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import autoscaler as ca
-from . import controlplane as cpl
-from .expansion_support import ensure_pool
+from tests import harness as cpl
+from tests.harness import autoscaler as ca
+from tests.harness.expansion import ensure_pool
 
-BINARY = ca.binary()
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(BINARY is None, reason=ca.NOT_RUN)]
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(ca.source() is None, reason=ca.NOT_RUN)]
 
 GROUP_LABEL = "tensor-fusion.ai/e2e-node-group"
 GROUP = "gpu-a100"
@@ -58,8 +57,9 @@ def autoscaled(cluster, webhook, api_client, extender_runner, e2e_binaries) -> I
     template = ca.gpu_template(GROUP_LABEL, GROUP, POOL, gpu_label=GPU_LABEL, gpu_type=GPU_TYPE)
     ca.write_provider_config(api_client, CA_NS, GROUP_LABEL, GPU_LABEL, GPU_TYPE, [template])
     scheduler = ca.start_default_scheduler(cluster, e2e_binaries["kube-scheduler"])
-    assert BINARY is not None
-    autoscaler = ca.start_cluster_autoscaler(cluster, BINARY, CA_NS)
+    binary = ca.binary()
+    assert binary is not None
+    autoscaler = ca.start_cluster_autoscaler(cluster, binary, CA_NS)
     yield {"namespace": "e2e-ca-pods", "extender": extender_runner}
     for proc in (autoscaler, scheduler):
         proc.stop()

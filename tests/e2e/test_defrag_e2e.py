@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from . import controlplane as cpl
-from . import workloads as wl
+from tests import harness as cpl
+from tests.harness import workloads as wl
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from . import controlplane as cpl
+from tests import harness as cpl
 
 pytestmark = pytest.mark.e2e
 
@@ -67,7 +67,7 @@ def stop_demo(proc: subprocess.Popen[str], workdir: Path) -> None:
 @pytest.mark.timeout(DEMO_BOUND + STOP_BOUND + 120)
 def test_demo_once_places_every_sample_pod_as_expected(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.e2e.demo", "--once", "--workdir", str(tmp_path)],
+        [sys.executable, "-m", "demo", "--once", "--workdir", str(tmp_path)],
         cwd=cpl.REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,  # its own process group: a late demo is stopped as a whole
     )

@@ -1,7 +1,7 @@
 """Node expansion on the real control plane with the real Karpenter (KWOK provider), NodeOverlay off.
 
 Karpenter launches every NodeClaim (the expander's included) and its KWOK provider creates the Nodes; their
-GPUs come from the GPU discovery labels the NodePool template carries (see tests/e2e/karpenter.py). With
+GPUs come from the GPU discovery labels the NodePool template carries (see tests/harness/karpenter.py). With
 the overlay off Karpenter itself does not provision for GPU pods (it sees no node offering
 ``tensor-fusion.ai/index_*``), so every node here is the expander's: a pool grows from zero out of its
 NodePool, then by copying a Karpenter node. The extender runs as ``tf-extender serve`` with short delays.
@@ -15,8 +15,8 @@ import uuid
 import pytest
 from kubernetes import client
 
-from . import controlplane as cpl
-from .expansion_support import (
+from tests import harness as cpl
+from tests.harness.expansion import (
     DO_NOT_DISRUPT,
     EXPANSION_POD_UID,
     GROUP,
@@ -31,7 +31,7 @@ from .expansion_support import (
     run_extender_fixture,
     wait_for_event,
 )
-from .karpenter import INSTANCE_TYPE, NODEPOOL_LABEL, ZONE, karpenter_fixture
+from tests.harness.karpenter import INSTANCE_TYPE, NODEPOOL_LABEL, ZONE, karpenter_fixture
 
 pytestmark = pytest.mark.e2e
 

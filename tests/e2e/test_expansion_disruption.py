@@ -25,8 +25,8 @@ import time
 import pytest
 from kubernetes import client
 
-from . import controlplane as cpl
-from .expansion_support import (
+from tests import harness as cpl
+from tests.harness.expansion import (
     DO_NOT_DISRUPT,
     POOL,
     Group,
@@ -35,7 +35,7 @@ from .expansion_support import (
     make_group_fixture,
     run_extender_fixture,
 )
-from .karpenter import Karpenter, karpenter_fixture
+from tests.harness.karpenter import Karpenter, karpenter_fixture
 
 pytestmark = pytest.mark.e2e
 

@@ -12,9 +12,15 @@ import time
 
 import pytest
 
-from . import controlplane as cpl
-from .expansion_support import create_pod, gpu_pod, make_group_fixture, run_extender_fixture, wait_for_event
-from .karpenter import karpenter_fixture
+from tests import harness as cpl
+from tests.harness.expansion import (
+    create_pod,
+    gpu_pod,
+    make_group_fixture,
+    run_extender_fixture,
+    wait_for_event,
+)
+from tests.harness.karpenter import karpenter_fixture
 
 pytestmark = pytest.mark.e2e
 

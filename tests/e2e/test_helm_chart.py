@@ -37,7 +37,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from . import controlplane as cpl
+from tests import harness as cpl
 
 pytestmark = pytest.mark.e2e
 
@@ -215,7 +215,7 @@ def test_values_reach_the_objects_and_every_command_line_is_valid(helm):
         "--set",
         "extender.inventorySource=node-labels",
         "--set",
-        "extender.controllers.preemptor=false",
+        "extender.preemptor=false",
         "--set",
         "extender.gpuStatusInterval=2",
         "--set",

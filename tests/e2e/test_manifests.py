@@ -20,7 +20,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from . import controlplane as cpl
+from tests import harness as cpl
 
 pytestmark = pytest.mark.e2e
 

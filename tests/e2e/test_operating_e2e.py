@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from . import controlplane as cpl
+from tests import harness as cpl
 
 pytestmark = pytest.mark.e2e
 

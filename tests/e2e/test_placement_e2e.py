@@ -13,7 +13,7 @@ import uuid
 import pytest
 from kubernetes import client
 
-from . import controlplane as cpl
+from tests import harness as cpl
 
 pytestmark = pytest.mark.e2e
 

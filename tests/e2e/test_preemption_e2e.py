@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import controlplane as cpl
+from tests import harness as cpl
 
 pytestmark = pytest.mark.e2e
 

@@ -26,7 +26,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import controlplane as cpl
+from tests import harness as cpl
 
 pytestmark = pytest.mark.e2e
 
@@ -87,7 +87,7 @@ def _stays_pending(api_client, namespace: str, name: str) -> str:
     """The pod is refused by the scheduler (and not bound meanwhile); returns the scheduler's message."""
     message = cpl.wait_until(lambda: cpl.scheduling_failure(api_client, namespace, name), 60,
                              what=f"pod {namespace}/{name} to be refused by the scheduler")
-    assert not cpl._pod(api_client, namespace, name).spec.node_name
+    assert not cpl.read_pod(api_client, namespace, name).spec.node_name
     return message
 
 

@@ -13,6 +13,7 @@ The kwok provider reads its node groups from two ConfigMaps in the namespace giv
 
 from __future__ import annotations
 
+import fcntl
 import lzma
 import os
 import shutil
@@ -22,14 +23,17 @@ from typing import Any
 
 import yaml
 
-from . import controlplane as cpl
+from .components import start_scheduler
+from .controlplane import ControlPlane
+from .manifests import MANIFESTS, create_or_replace
+from .processes import ManagedProcess, free_port, wait_until
 
 ENV_BINARY = "TF_CLUSTER_AUTOSCALER"
 VERSION = "v1.36"
 NOT_RUN = (f"Cluster Autoscaler end-to-end tests did not run: set {ENV_BINARY} to a cluster-autoscaler "
            "binary built with -tags kwok, or its .xz (CI sets it to its own copy)")
 
-HINTS = cpl.MANIFESTS / "optional" / "cluster-autoscaler" / "node-template-hints.yaml"
+HINTS = MANIFESTS / "optional" / "cluster-autoscaler" / "node-template-hints.yaml"
 MIN_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/min-count"
 MAX_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/max-count"
 POOL_LABEL = "tensor-fusion.ai/gpupool"
@@ -52,23 +56,31 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TF_CACHE_DIR") or Path.home() / ".cache" / "tensor-fusion-extender")
 
 
+def source() -> Path | None:
+    """The file ``TF_CLUSTER_AUTOSCALER`` names (a binary or its ``.xz``); None when the variable is unset or
+    names nothing. Cheap: what decides at collection whether the tests run."""
+    raw = os.environ.get(ENV_BINARY, "").strip()
+    return Path(raw) if raw and Path(raw).is_file() else None
+
+
 def binary() -> Path | None:
     """The Cluster Autoscaler binary named by ``TF_CLUSTER_AUTOSCALER``, unpacked into the binary cache when
-    it is an ``.xz``; None when the variable is unset or names nothing."""
-    raw = os.environ.get(ENV_BINARY, "").strip()
-    if not raw or not Path(raw).is_file():
-        return None
-    source = Path(raw)
-    if source.suffix != ".xz":
-        return source
+    it is an ``.xz`` (only when a test needs it, so a run that selects none unpacks nothing); None when the
+    variable is unset or names nothing."""
+    given = source()
+    if given is None or given.suffix != ".xz":
+        return given
     target = cache_dir() / "bin" / f"cluster-autoscaler-{VERSION}" / "cluster-autoscaler"
-    if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix(".partial")
-        with lzma.open(source) as packed, partial.open("wb") as out:
-            shutil.copyfileobj(packed, out, 1 << 20)
-        partial.chmod(0o755)
-        partial.replace(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # two runs (or workers) may ask at once: one unpacks, the others wait and reuse it
+    with (target.parent / ".unpack.lock").open("ab") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists() or target.stat().st_mtime < given.stat().st_mtime:
+            partial = target.with_name(f"{target.name}.partial.{os.getpid()}")
+            with lzma.open(given) as packed, partial.open("wb") as out:
+                shutil.copyfileobj(packed, out, 1 << 20)
+            partial.chmod(0o755)
+            partial.replace(target)
     return target
 
 
@@ -114,17 +126,17 @@ def write_provider_config(api_client: Any, namespace: str, group_label: str, gpu
         ("kwok-provider-templates", "templates", yaml.safe_dump({"apiVersion": "v1", "kind": "List",
                                                                  "items": templates})),
     ):
-        cpl._create_or_replace(
+        create_or_replace(
             lambda body: core.create_namespaced_config_map(namespace, body),
             lambda n: core.read_namespaced_config_map(n, namespace),
             lambda n, body: core.replace_namespaced_config_map(n, namespace, body),
             {"metadata": {"name": name, "namespace": namespace}, "data": {key: value}})
 
 
-def start_cluster_autoscaler(cp: cpl.ControlPlane, path: Path, namespace: str,
-                             timeout: float = 90) -> cpl.ManagedProcess:
+def start_cluster_autoscaler(cp: ControlPlane, path: Path, namespace: str,
+                             timeout: float = 90) -> ManagedProcess:
     """The Cluster Autoscaler with the README's flags, its kwok provider reading ``namespace``."""
-    port = cpl.free_port()
+    port = free_port()
     proc = cp.registry.start(
         "cluster-autoscaler",
         [str(path), f"--kubeconfig={cp.kubeconfig}", f"--address=127.0.0.1:{port}", *FLAGS, "--v=2"],
@@ -139,15 +151,15 @@ def start_cluster_autoscaler(cp: cpl.ControlPlane, path: Path, namespace: str,
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health-check", timeout=2) as r:
             return r.status == 200
 
-    cpl.wait_until(healthy, timeout, interval=0.5, what="cluster-autoscaler /health-check")
+    wait_until(healthy, timeout, interval=0.5, what="cluster-autoscaler /health-check")
     proc.port = port  # type: ignore[attr-defined]
     return proc
 
 
-def start_default_scheduler(cp: cpl.ControlPlane, path: Path) -> cpl.ManagedProcess:
+def start_default_scheduler(cp: ControlPlane, path: Path) -> ManagedProcess:
     """A plain kube-scheduler serving ``default-scheduler`` (what every cluster runs; placeholders use it)."""
     config = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
               "clientConnection": {"kubeconfig": str(cp.kubeconfig)},
               "leaderElection": {"leaderElect": False},
               "profiles": [{"schedulerName": "default-scheduler"}]}
-    return cpl.start_scheduler(cp, path, "", name="default-scheduler", config=config)
+    return start_scheduler(cp, path, "", name="default-scheduler", config=config)

@@ -49,7 +49,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import controlplane as cpl
+from .controlplane import ControlPlane
+from .manifests import MANIFESTS, apply_crds, load_yaml_docs
+from .objects import DEFAULT_INDEX_CAPACITY, INDEX_RESOURCES, TF_GROUP, TF_VERSION, create_gpu
+from .processes import ManagedProcess, free_port, http_ready, wait_until
 
 KARPENTER = ("karpenter.sh", "v1")
 OVERLAY = ("karpenter.sh", "v1alpha1")
@@ -62,7 +65,7 @@ DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 GPU_NODE_LABEL = "tensor-fusion.ai/gpu-node"  # what the shipped NodeOverlay selects
 POOL_LABEL = "tensor-fusion.ai/gpupool"
 HARNESS_LABEL = "e2e.tensor-fusion.ai/karpenter-harness"
-OVERLAY_MANIFEST = cpl.MANIFESTS / "optional" / "karpenter-nodeoverlay.yaml"
+OVERLAY_MANIFEST = MANIFESTS / "optional" / "karpenter-nodeoverlay.yaml"
 ZONES = ("zone-a", "zone-b")
 
 
@@ -85,7 +88,7 @@ class InstanceType:
         if self.gpus:
             resources["nvidia.com/gpu"] = str(self.gpus)
             if index_resources:
-                resources.update({r: cpl.DEFAULT_INDEX_CAPACITY for r in cpl.INDEX_RESOURCES})
+                resources.update({r: DEFAULT_INDEX_CAPACITY for r in INDEX_RESOURCES})
         offerings = [
             {"Price": self.price, "Available": True, "Requirements": [
                 {"key": CAPACITY_TYPE, "operator": "In", "values": ["on-demand"]},
@@ -146,7 +149,7 @@ def _ignore_404(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
 class Karpenter:
     """A running Karpenter and the Karpenter objects the tests made (``reset()`` removes those)."""
 
-    def __init__(self, cp: cpl.ControlPlane, api_client: Any, binary: Path, crds_dir: Path,
+    def __init__(self, cp: ControlPlane, api_client: Any, binary: Path, crds_dir: Path,
                  settings: KarpenterSettings) -> None:
         self.cp = cp
         self.api_client = api_client
@@ -155,7 +158,7 @@ class Karpenter:
         self.settings = settings
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
-        self.proc: cpl.ManagedProcess | None = None
+        self.proc: ManagedProcess | None = None
         self.metrics_port = 0
         self.health_port = 0
         self.instance_types = {it.name: it for it in settings.instance_types}
@@ -166,19 +169,19 @@ class Karpenter:
     # -- process ------------------------------------------------------------------------------------
 
     def start(self, timeout: float = 120) -> Karpenter:
-        cpl.apply_crds(self.api_client, sorted(self.crds_dir.glob("*.yaml")))
+        apply_crds(self.api_client, sorted(self.crds_dir.glob("*.yaml")))
         self.node_class("default")
         if self.settings.node_overlay:
             self._apply_overlay()
         types_file = self.cp.workdir / "karpenter-instance-types.json"
         types_file.write_text(json.dumps(
             [it.entry(self.settings.index_on_nodes) for it in self.settings.instance_types], indent=1))
-        self.metrics_port, self.health_port = cpl.free_port(), cpl.free_port()
+        self.metrics_port, self.health_port = free_port(), free_port()
         env = self.settings.env(self.cp.kubeconfig, types_file, self.metrics_port, self.health_port)
         self.proc = self.cp.registry.start("karpenter", [self.binary], self.cp.log_dir,
                                            env={**env, "HOME": str(self.cp.workdir)})
         proc = self.proc
-        cpl.wait_until(lambda: cpl.http_ready(f"http://127.0.0.1:{self.health_port}/readyz", proc),
+        wait_until(lambda: http_ready(f"http://127.0.0.1:{self.health_port}/readyz", proc),
                        timeout, interval=0.5, what="karpenter /readyz")
         return self
 
@@ -195,10 +198,10 @@ class Karpenter:
     # -- objects ------------------------------------------------------------------------------------
 
     def _apply_overlay(self) -> None:
-        body = cpl.load_yaml_docs(OVERLAY_MANIFEST)[0]
+        body = load_yaml_docs(OVERLAY_MANIFEST)[0]
         with contextlib.suppress(ApiException):
             self.custom.delete_cluster_custom_object(*OVERLAY, "nodeoverlays", body["metadata"]["name"])
-        cpl.wait_until(lambda: _ignore_404(self.custom.get_cluster_custom_object, *OVERLAY, "nodeoverlays",
+        wait_until(lambda: _ignore_404(self.custom.get_cluster_custom_object, *OVERLAY, "nodeoverlays",
                                            body["metadata"]["name"]) is None, 30, what="old overlay gone")
         self.custom.create_cluster_custom_object(*OVERLAY, "nodeoverlays", body)
 
@@ -257,7 +260,7 @@ class Karpenter:
         }
         self.custom.create_cluster_custom_object(*KARPENTER, "nodepools", body)
         self._nodepools.append(name)
-        cpl.wait_until(lambda: self.nodepool_ready(name), 60, what=f"NodePool {name} Ready")
+        wait_until(lambda: self.nodepool_ready(name), 60, what=f"NodePool {name} Ready")
         return name
 
     def nodepool_ready(self, name: str) -> bool:
@@ -282,7 +285,7 @@ class Karpenter:
             name = (obj.get("status") or {}).get("nodeName")
             return str(name) if name and _ignore_404(self.core.read_node, name) is not None else None
 
-        return str(cpl.wait_until(node, timeout, interval=0.5, what=f"a Node for NodeClaim {claim}"))
+        return str(wait_until(node, timeout, interval=0.5, what=f"a Node for NodeClaim {claim}"))
 
     def give_gpus(self, node: str, pool: str, count: int = 1, vram: str = "80Gi", tflops: str = "312",
                   model: str = "A100") -> list[str]:
@@ -290,7 +293,7 @@ class Karpenter:
         names = []
         for i in range(count):
             name = f"{node}-gpu-{i}"
-            cpl.create_gpu(self.api_client, name, node, pool=pool, vram=vram, tflops=tflops, model=model,
+            create_gpu(self.api_client, name, node, pool=pool, vram=vram, tflops=tflops, model=model,
                            index=i)
             self._gpus.append(name)
             names.append(name)
@@ -315,11 +318,11 @@ class Karpenter:
             return not left and not nodes
 
         try:
-            cpl.wait_until(gone, timeout, interval=1, what="Karpenter to remove the test's NodeClaims")
+            wait_until(gone, timeout, interval=1, what="Karpenter to remove the test's NodeClaims")
         except TimeoutError:
             self._force_remove(pools, claims)
         for gpu in self._gpus:
-            _ignore_404(self.custom.delete_cluster_custom_object, cpl.TF_GROUP, cpl.TF_VERSION, "gpus", gpu)
+            _ignore_404(self.custom.delete_cluster_custom_object, TF_GROUP, TF_VERSION, "gpus", gpu)
         self._gpus = []
 
     def _force_remove(self, pools: list[str], claims: list[str]) -> None:
@@ -348,10 +351,10 @@ class Karpenter:
             if self.settings.node_overlay:
                 with contextlib.suppress(ApiException):
                     self.custom.delete_cluster_custom_object(
-                        *OVERLAY, "nodeoverlays", cpl.load_yaml_docs(OVERLAY_MANIFEST)[0]["metadata"]["name"])
+                        *OVERLAY, "nodeoverlays", load_yaml_docs(OVERLAY_MANIFEST)[0]["metadata"]["name"])
 
 
-def start_karpenter(cp: cpl.ControlPlane, api_client: Any, binaries: dict[str, Path],
+def start_karpenter(cp: ControlPlane, api_client: Any, binaries: dict[str, Path],
                     settings: KarpenterSettings | None = None) -> Karpenter:
     return Karpenter(cp, api_client, binaries["karpenter"], binaries["karpenter-crds"],
                      settings or KarpenterSettings()).start()
@@ -363,7 +366,7 @@ def karpenter_fixture(**settings: Any) -> Any:
     parsed = KarpenterSettings(**settings)
 
     @pytest.fixture(scope="module")
-    def karpenter(cluster: cpl.ControlPlane, api_client: Any,
+    def karpenter(cluster: ControlPlane, api_client: Any,
                   e2e_binaries: dict[str, Path]) -> Iterator[Karpenter]:
         k = start_karpenter(cluster, api_client, e2e_binaries, parsed)
         try:

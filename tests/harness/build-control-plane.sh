@@ -24,7 +24,7 @@
 # newest served 1.36 patch) builds as is, so no fallback to 1.35 is needed; override with K8S_VERSION=...
 # kwok also gets its "fast" stage definitions copied next to the binary (stages.yaml, see build_kwok).
 #
-# Usage: tests/e2e/build-control-plane.sh [component...]   (default: all)
+# Usage: tests/harness/build-control-plane.sh [component...]   (default: all)
 #        Prints "export TF_BIN_<COMPONENT>=<path>" lines at the end for scripting.
 set -euo pipefail
 
@@ -46,6 +46,10 @@ log() { printf '[build-control-plane %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 command -v go >/dev/null || { log "go is not installed"; exit 1; }
 mkdir -p "$BIN_DIR"
+# One build at a time per cache: pytest-xdist workers, `make control-plane` and the demo may all ask at
+# once; the others wait here and then find everything cached.
+exec 9>"$CACHE_DIR/.build.lock"
+flock 9
 
 WORK_ROOT="$(mktemp -d "${TMPDIR:-/tmp}/tf-cp-build.XXXXXX")"
 trap 'rm -rf "$WORK_ROOT"' EXIT

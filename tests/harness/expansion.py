@@ -12,8 +12,17 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import controlplane as cpl
 from .karpenter import Karpenter
+from .objects import (
+    GPU_SCHEDULER_NAME,
+    TF_GROUP,
+    TF_VERSION,
+    create_cluster_object,
+    pod_events,
+    wait_for_pod_bound,
+    wait_for_webhook_pool,
+)
+from .processes import wait_until
 
 EXPANSION_LABEL = "tensor-fusion.ai/expansion"
 EXPANSION_POD_UID = "tensor-fusion.ai/expansion-pod-uid"
@@ -39,14 +48,14 @@ def ensure_pool(api_client: Any, pool: str = POOL) -> None:
     """The pods below are opted in, so they pass the webhook, which admits only pods of known pools."""
     custom = client.CustomObjectsApi(api_client)
     try:
-        custom.get_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "gpupools", pool)
+        custom.get_cluster_custom_object(TF_GROUP, TF_VERSION, "gpupools", pool)
     except ApiException as exc:
         if exc.status != 404:
             raise
-        cpl.create_cluster_object(api_client, "gpupools", {
-            "apiVersion": f"{cpl.TF_GROUP}/{cpl.TF_VERSION}", "kind": "GPUPool",
+        create_cluster_object(api_client, "gpupools", {
+            "apiVersion": f"{TF_GROUP}/{TF_VERSION}", "kind": "GPUPool",
             "metadata": {"name": pool}, "spec": {}})
-    cpl.wait_for_webhook_pool(api_client, pool)
+    wait_for_webhook_pool(api_client, pool)
 
 
 @pytest.fixture(name="run_extender")
@@ -90,7 +99,7 @@ class Group:
         def registered() -> list[dict]:
             claims = self.claims_for(uid)
             return claims if claims and all((c.get("status") or {}).get("nodeName") for c in claims) else []
-        return cpl.wait_until(registered, timeout, what=f"the claims of pod {uid} to name their node")
+        return wait_until(registered, timeout, what=f"the claims of pod {uid} to name their node")
 
     def in_flight(self) -> list[dict]:
         """The expander's claims of the group whose Node does not exist yet."""
@@ -129,7 +138,7 @@ def gpu_pod(name: str, group: str, vram: str, node_selector: dict[str, str] | No
                      "labels": {"tensor-fusion.ai/enabled": "true", "tensor-fusion.ai/component": "worker",
                                 "tensor-fusion.ai/gpupool": POOL}},
         "spec": {
-            "schedulerName": cpl.GPU_SCHEDULER_NAME,
+            "schedulerName": GPU_SCHEDULER_NAME,
             "nodeSelector": {GROUP: group, **(node_selector or {})},
             "tolerations": [{"key": "example.com/gpu", "operator": "Exists"}],
             "terminationGracePeriodSeconds": 0,
@@ -150,7 +159,7 @@ def node_of(api_client: Any, namespace: str, name: str) -> str | None:
 
 
 def wait_for_event(api_client: Any, namespace: str, pod: str, reason: str, timeout: float = 60) -> Any:
-    return cpl.wait_until(lambda: cpl.pod_events(api_client, namespace, pod, reason), timeout,
+    return wait_until(lambda: pod_events(api_client, namespace, pod, reason), timeout,
                           what=f"event {reason} on {pod}")[0]
 
 
@@ -159,4 +168,4 @@ def fill_first_node(api_client: Any, namespace: str, group: Group, vram: str = "
     create_pod(api_client, namespace, gpu_pod("filler", group.name, vram))
     completed = wait_for_event(api_client, namespace, "filler", "NodeExpansionCompleted", timeout=90)
     assert "from the NodePool's template" in completed.message
-    return str(cpl.wait_for_pod_bound(api_client, namespace, "filler", timeout=120).spec.node_name)
+    return str(wait_for_pod_bound(api_client, namespace, "filler", timeout=120).spec.node_name)

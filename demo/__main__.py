@@ -1,4 +1,5 @@
-"""``make demo``: the whole product on a local control plane, with a small GPU cluster and sample pods.
+"""``make demo`` (``python -m demo``): the whole product on a local control plane, with a small GPU cluster
+and sample pods.
 
 It starts etcd, kube-apiserver, kube-controller-manager, kwok (playing kubelet), tf-webhook, tf-extender,
 kube-scheduler with the project's own configuration and the real Karpenter (KWOK provider), creates three
@@ -26,8 +27,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.e2e import controlplane as cpl
-from tests.e2e.karpenter import Karpenter, start_karpenter
+from tests import harness as cpl
+from tests.harness.karpenter import Karpenter, start_karpenter
 
 NAMESPACE = "demo"
 

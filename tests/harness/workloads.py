@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from . import controlplane as cpl
+from .processes import wait_until
 
 
 def _template(pod: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
@@ -85,7 +85,7 @@ def create_pdb(api_client: Any, namespace: str, body: dict[str, Any], timeout: f
             return None
         return pdb if status.expected_pods else None
 
-    cpl.wait_until(observed, timeout, what=f"PDB {namespace}/{body['metadata']['name']} status")
+    wait_until(observed, timeout, what=f"PDB {namespace}/{body['metadata']['name']} status")
     return created
 
 
@@ -109,5 +109,5 @@ def wait_running(api_client: Any, namespace: str, selector: str, count: int,
             return pods
         return None
 
-    return cpl.wait_until(ready, timeout, interval=0.3,
+    return wait_until(ready, timeout, interval=0.3,
                           what=f"{count} Running pods {selector} in {namespace}")
