@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from . import controlplane as cpl
-from . import workloads as wl
+from tests import harness as cpl
+from tests.harness import workloads as wl
+
 from .test_defrag_e2e import (  # noqa: F401  (defrag_pool is a fixture)
     defrag_pool,
     gpu_node,
