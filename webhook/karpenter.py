@@ -20,8 +20,9 @@ from collections.abc import Awaitable, Callable
 from enum import StrEnum
 from typing import Any
 
-DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
-KARPENTER_API = "/apis/karpenter.sh/v1"
+from extender.common.labels import DO_NOT_DISRUPT, KARPENTER_GROUP
+
+KARPENTER_API = f"/apis/{KARPENTER_GROUP}/v1"
 DEFAULT_INTERVAL_SECONDS = 30.0
 
 log = logging.getLogger(__name__)

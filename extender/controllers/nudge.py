@@ -29,12 +29,11 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from extender.common.contract import DOMAIN
+from extender.common.labels import NUDGE_ANNOTATION
 from extender.scheduling.state import FilterOutcome
 
 log = logging.getLogger(__name__)
 
-NUDGE_ANNOTATION = f"{DOMAIN}/gpu-room-seen"
 ROUND_SECONDS = 1.0  # at least this long between two rounds of nudges
 
 PatchNode = Callable[[str, dict[str, Any]], Awaitable[Any]]

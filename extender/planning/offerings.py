@@ -13,23 +13,25 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from extender.common.labels import (
+    ARCH,
+    CAPACITY_TYPE,
+    GPU_INSTANCE_FAMILY,
+    GPU_INSTANCE_SIZE,
+    GPU_VENDOR,
+    INSTANCE_TYPE,
+    OS,
+    REGION,
+    ZONE,
+)
 from extender.planning.amounts import Amount
 from extender.planning.catalog import Catalog, InstanceType, normalise_capacity_type
 from extender.planning.pool import Requirement
 
 MAX_PER_RECONCILE = 100
-INSTANCE_TYPE = "node.kubernetes.io/instance-type"
-ARCH = "kubernetes.io/arch"
-OS = "kubernetes.io/os"
-ZONE = "topology.kubernetes.io/zone"
-REGION = "topology.kubernetes.io/region"
-CAPACITY_TYPE = "karpenter.sh/capacity-type"
-GPU_VENDOR = "tensor-fusion.ai/gpu-vendor"
-INSTANCE_FAMILY = "tensor-fusion.ai/gpu-instance-family"
-INSTANCE_SIZE = "tensor-fusion.ai/gpu-instance-size"
 # Keys decided by the offering; every other requirement is passed through to the NodeClaim.
-OFFERING_KEYS = (INSTANCE_TYPE, ARCH, OS, ZONE, REGION, CAPACITY_TYPE, GPU_VENDOR, INSTANCE_FAMILY,
-                 INSTANCE_SIZE)
+OFFERING_KEYS = (INSTANCE_TYPE, ARCH, OS, ZONE, REGION, CAPACITY_TYPE, GPU_VENDOR, GPU_INSTANCE_FAMILY,
+                 GPU_INSTANCE_SIZE)
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ def _matches(requirement: Requirement, value: str) -> bool:
 def _instance_value(instance: InstanceType, key: str) -> str | None:
     return {
         INSTANCE_TYPE: instance.name, ARCH: instance.arch, OS: "linux", GPU_VENDOR: instance.vendor,
-        INSTANCE_FAMILY: instance.family, INSTANCE_SIZE: instance.size,
+        GPU_INSTANCE_FAMILY: instance.family, GPU_INSTANCE_SIZE: instance.size,
     }.get(key)
 
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from extender.common.labels import MANUAL_COMPACTION
 from extender.planning.amounts import UNLIMITED, Amount, CapacityError, parse_amount
 
-MANUAL_COMPACTION = "tensor-fusion.ai/manual-compaction"
 DEFAULT_COMPACTION_PERIOD = 300.0
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)")
 _UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}

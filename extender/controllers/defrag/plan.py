@@ -30,11 +30,11 @@ from enum import StrEnum
 from typing import Any
 
 from extender.common.contract import GPU_IDS, NATIVE_GPU_RESOURCES, POD_INDEX
+from extender.common.labels import SCHEDULING_DO_NOT_DISRUPT
 from extender.controllers.defrag.config import DefragConfig, DefragConfigError, parse_config
 from extender.planning.action import Action
 from extender.planning.inputs import Inputs
 from extender.planning.pool import parse_time
-from extender.planning.removal import DO_NOT_DISRUPT_LABEL
 from extender.scheduling.inventory import object_name
 from extender.scheduling.ledger import Allocation
 from extender.scheduling.state import ClusterState, PlacementError, Reservation, pod_key
@@ -145,7 +145,7 @@ def cordoned(node: Mapping[str, Any] | None) -> bool:
 
 def do_not_disrupt(node: Mapping[str, Any] | None) -> bool:
     labels = ((node or {}).get("metadata") or {}).get("labels") or {}
-    return str(labels.get(DO_NOT_DISRUPT_LABEL, "")).lower() == "true"
+    return str(labels.get(SCHEDULING_DO_NOT_DISRUPT, "")).lower() == "true"
 
 
 def native_gpu_resource(pod: Mapping[str, Any]) -> str | None:
@@ -307,7 +307,8 @@ def node_skip(node: str, snapshot: Snapshot, workers: Sequence[Allocation], now:
     if cordoned(node_obj):
         return Skip(node, SkipReason.CORDONED, f"node {node} is cordoned")
     if do_not_disrupt(node_obj):
-        return Skip(node, SkipReason.DO_NOT_DISRUPT, f"node {node} is labelled {DO_NOT_DISRUPT_LABEL}=true")
+        return Skip(node, SkipReason.DO_NOT_DISRUPT,
+                    f"node {node} is labelled {SCHEDULING_DO_NOT_DISRUPT}=true")
     pods = [p for p in snapshot.pods_by_node.get(node, ()) if _live(p)]
     worker_keys = {a.pod_key for a in workers}
     by_key = {pod_key(p): p for p in pods}

@@ -24,6 +24,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from extender.common.contract import GPU_POOL
+from extender.common.labels import MANUAL_DEFRAG
 from extender.controllers import Leader
 from extender.controllers.capacity.config import DEFAULT_MANUAL_WINDOW
 from extender.controllers.defrag.config import (
@@ -49,7 +50,6 @@ from extender.scheduling.state import ClusterState, FilterOutcome
 
 log = logging.getLogger(__name__)
 
-MANUAL_TRIGGER_ANNOTATION = "tensor-fusion.ai/manual-defrag"
 MANUAL_TRIGGER_WINDOW = dt.timedelta(seconds=DEFAULT_MANUAL_WINDOW)  # as compaction's manual trigger
 EVICTION_RETRY_SECONDS = 2.0
 POLL_SECONDS = 0.5
@@ -105,7 +105,7 @@ class RunResult:
 def manual_trigger(pool: Mapping[str, Any], now: dt.datetime, window: dt.timedelta = MANUAL_TRIGGER_WINDOW
                    ) -> str | None:
     """The manual-trigger annotation's value when it holds a timestamp within ``window`` of now."""
-    raw = ((pool.get("metadata") or {}).get("annotations") or {}).get(MANUAL_TRIGGER_ANNOTATION)
+    raw = ((pool.get("metadata") or {}).get("annotations") or {}).get(MANUAL_DEFRAG)
     stamp = parse_time(raw)
     return str(raw) if stamp is not None and abs(now - stamp) <= window else None
 

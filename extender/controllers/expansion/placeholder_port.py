@@ -10,7 +10,7 @@ from typing import Any
 
 from kubernetes import client
 
-from extender.controllers.expansion.placeholder_pods import PLACEHOLDER_LABEL
+from extender.common.labels import PLACEHOLDER_LABEL
 from extender.controllers.expansion.placeholders import Placeholders
 from extender.controllers.expansion.port import KubeExpansionPort
 from extender.controllers.expansion.provisioner import AutoscalerConfig

@@ -24,12 +24,8 @@ from typing import Any
 from kubernetes import client
 from prometheus_client import CollectorRegistry, Gauge
 
-from extender.controllers.expansion.placeholder_pods import (
-    RESERVATION_LABEL,
-    RESERVED_GPU,
-    advertised_gpus,
-    reservation_body,
-)
+from extender.common.labels import RESERVATION_LABEL, RESERVED_GPU
+from extender.controllers.expansion.placeholder_pods import advertised_gpus, reservation_body
 from extender.controllers.expansion.placeholder_port import KubePodWriter
 from extender.controllers.expansion.provisioner import AutoscalerConfig
 from extender.kube.informer import WatchCache
