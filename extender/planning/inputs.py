@@ -10,10 +10,11 @@ from typing import Any
 
 from extender.common.contract import POOL_LABEL
 from extender.common.labels import HOURLY_PRICING, SCHEDULING_DO_NOT_DISRUPT
+from extender.common.timefmt import parse_time
 from extender.planning.amounts import ZERO, Amount, CapacityError, parse_quantity_field
 from extender.planning.catalog import DEFAULT_CATALOG, Catalog
 from extender.planning.gaps import PoolCapacity
-from extender.planning.pool import PoolConfig, parse_time, pool_config
+from extender.planning.pool import PoolConfig, pool_config
 from extender.planning.removal import DEFAULT_PROTECTION_SECONDS, PoolNode
 from extender.scheduling.inventory import object_name
 from extender.scheduling.state import ClusterState

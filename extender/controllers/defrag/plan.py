@@ -31,10 +31,10 @@ from typing import Any
 
 from extender.common.contract import GPU_IDS, NATIVE_GPU_RESOURCES, POD_INDEX
 from extender.common.labels import SCHEDULING_DO_NOT_DISRUPT
+from extender.common.timefmt import parse_time
 from extender.controllers.defrag.config import DefragConfig, DefragConfigError, parse_config
 from extender.planning.action import Action
 from extender.planning.inputs import Inputs
-from extender.planning.pool import parse_time
 from extender.scheduling.inventory import object_name
 from extender.scheduling.ledger import Allocation
 from extender.scheduling.state import ClusterState, PlacementError, Reservation, pod_key

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from extender.common.contract import GPU_POOL
 from extender.common.labels import MANUAL_DEFRAG
+from extender.common.timefmt import parse_time
 from extender.controllers import Leader
 from extender.controllers.capacity.config import DEFAULT_MANUAL_WINDOW
 from extender.controllers.defrag.config import (
@@ -45,7 +46,6 @@ from extender.controllers.defrag.plan import (
     plan_pool,
     pool_nodes,
 )
-from extender.planning.pool import parse_time
 from extender.scheduling.state import ClusterState, FilterOutcome
 
 log = logging.getLogger(__name__)
