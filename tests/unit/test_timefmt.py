@@ -48,7 +48,7 @@ def test_zero_with_a_unit_is_a_duration() -> None:
 @pytest.mark.parametrize(("value", "expected", "copies_said"), [
     (" 2026-01-01T00:00:00Z ", dt.datetime(2026, 1, 1, tzinfo=UTC), "pool: this time; lease, stranded: None"),
     ("2026-01-01T00:00:00", dt.datetime(2026, 1, 1, tzinfo=UTC), "stranded: a naive time (TypeError later)"),
-    (20260101, None, "stranded: str(value), then None; pool and lease: None"),
+    (20260101, None, "stranded: str() of it, read as a naive 2026-01-01; pool and lease: None"),
     ("", None, "stranded: None through ValueError; the others: None"),
     ("yesterday", None, "all: None"),
 ])
