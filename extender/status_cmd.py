@@ -196,7 +196,7 @@ def read_snapshot(list_all: Callable[[Resource, str | None], list[dict[str, Any]
 
 
 def kube_lister(api_client: Any) -> Callable[[Resource, str | None], list[dict[str, Any]]]:
-    from extender.kube.client import error_status, request_json
+    from extender.kube.client import not_found, request_json
 
     def list_all(resource: Resource, selector: str | None) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
@@ -207,7 +207,7 @@ def kube_lister(api_client: Any) -> Callable[[Resource, str | None], list[dict[s
             try:
                 page = request_json(api_client, "GET", resources.collection_path(resource), query=query)
             except Exception as exc:
-                if resource.group and error_status(exc) == 404:
+                if resource.group and not_found(exc):
                     return []  # the CRD is not installed: none of these
                 raise
             items.extend(page.get("items") or [])

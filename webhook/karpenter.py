@@ -21,6 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from extender.common.labels import DO_NOT_DISRUPT, KARPENTER_GROUP
+from extender.common.tasks import cancel_and_wait
 
 KARPENTER_API = f"/apis/{KARPENTER_GROUP}/v1"
 DEFAULT_INTERVAL_SECONDS = 30.0
@@ -89,13 +90,13 @@ class DoNotDisruptSwitch:
 
 def api_probe(api_client: Any) -> Probe:
     """A probe asking the API server's discovery (readable by every authenticated user)."""
-    from extender.kube.client import api_call, error_status, request_json
+    from extender.kube.client import api_call, not_found, request_json
 
     async def probe() -> bool | None:
         try:
             discovery = await api_call(request_json, api_client, "GET", KARPENTER_API)
         except Exception as exc:
-            if error_status(exc) == 404:
+            if not_found(exc):
                 return False
             raise
         return serves_nodeclaims(discovery)
@@ -112,6 +113,4 @@ async def running(switch: DoNotDisruptSwitch) -> Any:
     try:
         yield switch
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait([task])

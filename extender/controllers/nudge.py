@@ -156,14 +156,14 @@ class SchedulerNudger:
                 await asyncio.sleep(ROUND_SECONDS)
 
     async def _nudge(self, node: str) -> None:
-        from extender.kube.client import error_message, error_status  # here: the flags import this module
+        from extender.kube.client import error_message, not_found  # here: the flags import this module
 
         try:
             await self._patch_node(node, nudge_patch(dt.datetime.now(dt.UTC)))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if error_status(exc) == 404:
+            if not_found(exc):
                 self.nudges.forget(node)
                 self._on_nudge(node, "gone")
                 return

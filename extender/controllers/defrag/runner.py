@@ -14,7 +14,6 @@ candidates and the empty nodes) whenever another node fits, so replacements land
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import functools
 import logging
@@ -25,6 +24,7 @@ from typing import Any, Protocol
 
 from extender.common.contract import GPU_POOL
 from extender.common.labels import MANUAL_DEFRAG
+from extender.common.tasks import cancel_and_wait
 from extender.common.timefmt import parse_time
 from extender.controllers import Leader
 from extender.controllers.capacity.config import DEFAULT_MANUAL_WINDOW
@@ -184,12 +184,7 @@ class Defragmenter:
             await self.cancel_runs()
 
     async def cancel_runs(self) -> None:
-        runs = list(self.runs.values())
-        for task in runs:
-            task.cancel()
-        for task in runs:
-            with contextlib.suppress(BaseException):
-                await task
+        await cancel_and_wait(self.runs.values())
 
     def due(self, pools: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], DefragConfig, Trigger]]:
         """The pools whose run starts now (a manual trigger first, then a schedule that fired)."""

@@ -25,6 +25,7 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry, Gauge
 
 from extender.common.labels import RESERVATION_LABEL, RESERVED_GPU
+from extender.common.tasks import cancel_and_wait
 from extender.controllers.expansion.placeholder_pods import advertised_gpus, reservation_body
 from extender.controllers.expansion.placeholder_port import KubePodWriter
 from extender.controllers.expansion.provisioner import AutoscalerConfig
@@ -142,9 +143,7 @@ class ReservationKeeper:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), POLL_SECONDS)
         finally:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await watch
+            await cancel_and_wait([watch])
 
     async def reconcile(self) -> ReservationPlan:
         want = wanted(self.state.held_gpus(), self.nodes.get)

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from extender.common.contract import GPURequest, parse_request
 from extender.common.labels import EXPANSION_LABEL, EXPANSION_TEMPLATE_NODE, INSTANCE_TYPE, NODEPOOL_LABEL
+from extender.common.tasks import cancel_and_wait
 from extender.controllers.expansion.config import ExpansionConfig
 from extender.controllers.expansion.decide import (
     ClusterView,
@@ -263,9 +264,7 @@ class Expander:
                     await asyncio.wait_for(self._wake.wait(), self._sleep_for())
                 self._wake.clear()
         finally:
-            leader_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await leader_task
+            await cancel_and_wait([leader_task])
             if self.placeholders is not None:
                 await self.placeholders.stop()
             await self.port.stop()
