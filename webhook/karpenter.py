@@ -90,16 +90,10 @@ class DoNotDisruptSwitch:
 
 def api_probe(api_client: Any) -> Probe:
     """A probe asking the API server's discovery (readable by every authenticated user)."""
-    from extender.kube.client import api_call, not_found, request_json
+    from extender.kube.client import get_or_none
 
     async def probe() -> bool | None:
-        try:
-            discovery = await api_call(request_json, api_client, "GET", KARPENTER_API)
-        except Exception as exc:
-            if not_found(exc):
-                return False
-            raise
-        return serves_nodeclaims(discovery)
+        return serves_nodeclaims(await get_or_none(api_client, KARPENTER_API))  # 404: Karpenter is not there
 
     return probe
 
