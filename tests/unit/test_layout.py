@@ -209,5 +209,9 @@ def test_the_rules_see_imports_inside_functions_and_relative_ones() -> None:
     tree = ast.parse("def f():\n    from .x import y\n    import extender.kube.client\n")
     found = [t for node in ast.walk(tree) for t in _targets(node, "extender.common.quantity", False)]
     assert found == ["extender.common.x", "extender.kube.client"]
-    assert ("extender.controllers.expansion", "extender.controllers.capacity") not in sibling_edges() or \
-        ("extender.controllers.capacity", "extender.controllers.expansion") not in sibling_edges()
+
+
+def test_a_cycle_through_three_folders_is_found() -> None:
+    some = Import("a.py", 1, "x.a", "x.b")
+    edges = {("x.a", "x.b"): [some], ("x.b", "x.c"): [some], ("x.c", "x.a"): [some], ("x.c", "x.d"): [some]}
+    assert _cycles(edges) == [["x.a", "x.b", "x.c"]]
