@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from extender.common.timefmt import parse_time
 from extender.controllers.capacity.compaction_plan import plan_compaction
 from extender.controllers.capacity.launch_plan import plan_launches
 from extender.controllers.defrag.plan import plan_defrag
@@ -23,7 +24,6 @@ from extender.planning.action import Planner, plan
 from extender.planning.amounts import CapacityError
 from extender.planning.catalog import DEFAULT_CATALOG, Catalog, parse_catalog
 from extender.planning.inputs import Inputs
-from extender.planning.pool import parse_time
 from extender.planning.removal import DEFAULT_PROTECTION_SECONDS
 from extender.scheduling.inventory import object_name
 from extender.scheduling.state import ClusterState

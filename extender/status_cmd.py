@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from extender.common.contract import COMPONENT_LABEL, COMPONENT_WORKER, POOL_LABEL, ContractError
-from extender.controllers.expansion.nodeclaim import EXPANSION_LABEL, EXPANSION_POD_ANNOTATION
+from extender.common.contract import COMPONENT_LABEL, COMPONENT_WORKER, GPU_POOL, POOL_LABEL, ContractError
+from extender.common.labels import EXPANSION_LABEL, EXPANSION_POD_ANNOTATION, NODEPOOL_LABEL
 from extender.controllers.gpustatus import PoolTotals, node_parts, tflops_text, vram_text
 from extender.kube import resources
 from extender.kube.resources import Resource
@@ -101,7 +101,7 @@ def build_report(snapshot: StatusSnapshot) -> dict[str, Any]:
         try:
             pool = state.request_of(pod).pool or NO_POOL
         except (PlacementError, ContractError):
-            pool = str((_meta(pod).get("annotations") or {}).get("tensor-fusion.ai/gpupool") or NO_POOL)
+            pool = str((_meta(pod).get("annotations") or {}).get(GPU_POOL) or NO_POOL)
         pool_of_pod[pod_key(pod)] = pool
         spec, status = pod.get("spec") or {}, pod.get("status") or {}
         if not spec.get("nodeName") and status.get("phase", "Pending") == "Pending":
@@ -116,7 +116,7 @@ def build_report(snapshot: StatusSnapshot) -> dict[str, Any]:
         pool = pool_of_pod.get(for_pod, NO_POOL)
         claims.setdefault(pool, []).append({
             "kind": "NodeClaim", "name": str(meta.get("name") or ""),
-            "nodePool": str((meta.get("labels") or {}).get("karpenter.sh/nodepool") or ""),
+            "nodePool": str((meta.get("labels") or {}).get(NODEPOOL_LABEL) or ""),
             "forPod": for_pod, "state": _claim_state(claim)})
     for claim in snapshot.gpunodeclaims:
         meta = _meta(claim)
@@ -196,7 +196,7 @@ def read_snapshot(list_all: Callable[[Resource, str | None], list[dict[str, Any]
 
 
 def kube_lister(api_client: Any) -> Callable[[Resource, str | None], list[dict[str, Any]]]:
-    from extender.kube.client import error_status, request_json
+    from extender.kube.client import not_found, request_json
 
     def list_all(resource: Resource, selector: str | None) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
@@ -207,7 +207,7 @@ def kube_lister(api_client: Any) -> Callable[[Resource, str | None], list[dict[s
             try:
                 page = request_json(api_client, "GET", resources.collection_path(resource), query=query)
             except Exception as exc:
-                if resource.group and error_status(exc) == 404:
+                if resource.group and not_found(exc):
                     return []  # the CRD is not installed: none of these
                 raise
             items.extend(page.get("items") or [])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import signal
@@ -17,6 +16,7 @@ import yaml
 
 from extender.common import eventloop
 from extender.common.logs import setup_logging
+from extender.common.tasks import cancel_and_wait
 from webhook.karpenter import DoNotDisruptSwitch, Mode, api_probe, running
 from webhook.mutation import mutate
 from webhook.server import (
@@ -173,9 +173,7 @@ async def serve(args: argparse.Namespace) -> int:
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
-        reloader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reloader
+        await cancel_and_wait([reloader])
         if monitoring is not None:
             await monitoring.cleanup()
         await runner.cleanup()

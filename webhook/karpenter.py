@@ -20,8 +20,10 @@ from collections.abc import Awaitable, Callable
 from enum import StrEnum
 from typing import Any
 
-DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
-KARPENTER_API = "/apis/karpenter.sh/v1"
+from extender.common.labels import DO_NOT_DISRUPT, KARPENTER_GROUP
+from extender.common.tasks import cancel_and_wait
+
+KARPENTER_API = f"/apis/{KARPENTER_GROUP}/v1"
 DEFAULT_INTERVAL_SECONDS = 30.0
 
 log = logging.getLogger(__name__)
@@ -88,16 +90,10 @@ class DoNotDisruptSwitch:
 
 def api_probe(api_client: Any) -> Probe:
     """A probe asking the API server's discovery (readable by every authenticated user)."""
-    from extender.kube.client import api_call, error_status, request_json
+    from extender.kube.client import get_or_none
 
     async def probe() -> bool | None:
-        try:
-            discovery = await api_call(request_json, api_client, "GET", KARPENTER_API)
-        except Exception as exc:
-            if error_status(exc) == 404:
-                return False
-            raise
-        return serves_nodeclaims(discovery)
+        return serves_nodeclaims(await get_or_none(api_client, KARPENTER_API))  # 404: Karpenter is not there
 
     return probe
 
@@ -111,6 +107,4 @@ async def running(switch: DoNotDisruptSwitch) -> Any:
     try:
         yield switch
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait([task])

@@ -41,7 +41,7 @@ from extender.common.contract import (
     profile_annotations,
     render_annotations,
 )
-from extender.kube.selectors import SelectorError, matches
+from extender.kube.selectors import selects
 from webhook.karpenter import add_do_not_disrupt
 from webhook.patch import PatchOp, diff
 from webhook.view import ClusterView, KubeObject, name_of
@@ -279,11 +279,8 @@ def _template_autoscale(request: GPURequest, view: ClusterView, labels: Mapping[
         if not isinstance(rule, dict):
             continue
         auto = ((rule.get("autoScaling") or {}).get("autoSetResources")) or {}
-        try:
-            selected = matches(rule.get("selector"), string_labels)
-        except SelectorError:
-            selected = False  # a malformed rule selects nothing
-        if not selected or auto.get("enable") is not True:
+        # a malformed rule selects nothing
+        if not selects(rule.get("selector"), string_labels) or auto.get("enable") is not True:
             continue
         target = request.autoscale_target
         raw_target = auto.get("targetResource")

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from extender.kube.client import api_call, error_status, request_json
+from extender.kube.client import get_or_none
 from extender.kube.resources import JOBS, REPLICASETS, object_path
 from webhook.view import KubeObject
 from webhook.workload import owner_to_fetch
@@ -120,12 +120,6 @@ def api_fetcher(api_client: Any) -> Fetcher:
         resource = resources.get(kind)
         if resource is None:
             return None
-        try:
-            obj = await api_call(request_json, api_client, "GET", object_path(resource, name, namespace))
-        except Exception as exc:
-            if error_status(exc) == 404:
-                return None
-            raise
-        return obj if isinstance(obj, dict) else None
+        return await get_or_none(api_client, object_path(resource, name, namespace))
 
     return fetch

@@ -1,8 +1,9 @@
 """The pod contract of the ``tensor-fusion.ai`` domain (DESIGN §3).
 
-This module owns every ``tensor-fusion.ai/*`` key and its parsing. The webhook
-uses it to turn a user's pod into one canonical request; the extender uses it
-to read that request back. Everything here is pure: no I/O, no clock.
+This module owns every key of the pod contract and its parsing (the other
+well-known keys are in :mod:`extender.common.labels`). The webhook uses it to
+turn a user's pod into one canonical request; the extender uses it to read
+that request back. Everything here is pure: no I/O, no clock.
 
 Effective values are layered: pool defaults, then the pod's WorkloadProfile,
 then the pod's own annotations (a later layer overrides an earlier one).
@@ -18,14 +19,10 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from extender.common.labels import AMD_GPU, NVIDIA_GPU
+from extender.common.labels import DOMAIN as DOMAIN  # the pod contract's domain, read here by its parsers
+from extender.common.labels import key as _key
 from extender.common.quantity import Format, QuantityError, format_quantity, parse_quantity
-
-DOMAIN = "tensor-fusion.ai"
-
-
-def _key(name: str) -> str:
-    return f"{DOMAIN}/{name}"
-
 
 # Labels
 ENABLED_LABEL = _key("enabled")
@@ -68,7 +65,7 @@ USED_BY_TAINT_KEY = _key("used-by")
 USED_BY_TAINT_VALUE = "tensor-fusion"
 POOL_LABEL_ON_GPU = POOL_LABEL
 
-NATIVE_GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+NATIVE_GPU_RESOURCES = (NVIDIA_GPU, AMD_GPU)
 
 MAX_GPU_COUNT = 128
 MAX_POD_INDEX = 128
@@ -465,7 +462,7 @@ def _gpu_count(values: _Layered, indices: tuple[int, ...], native: int | None) -
             return len(indices)
         count = native if native else 1
         if not 1 <= count <= MAX_GPU_COUNT:
-            raise ContractError("nvidia.com/gpu", count, f"GPU count must be within 1..{MAX_GPU_COUNT}")
+            raise ContractError(NVIDIA_GPU, count, f"GPU count must be within 1..{MAX_GPU_COUNT}")
         return count
     if not (raw.isdigit() and raw.isascii()) or not 1 <= int(raw) <= MAX_GPU_COUNT:
         raise values.error(GPU_COUNT, f"must be an integer within 1..{MAX_GPU_COUNT}")

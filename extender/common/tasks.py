@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterable
+from typing import Any
 
 
-async def cancel_and_wait(tasks: Sequence[asyncio.Task[None]]) -> None:
+async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]]) -> None:
     """Cancel every task, then wait for each to end (whatever it ends with: it is being stopped)."""
-    for task in tasks:
+    stopping = list(tasks)
+    for task in stopping:
         task.cancel()
-    for task in tasks:
+    for task in stopping:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task

@@ -29,12 +29,11 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from extender.common.contract import DOMAIN
+from extender.common.labels import NUDGE_ANNOTATION
 from extender.scheduling.state import FilterOutcome
 
 log = logging.getLogger(__name__)
 
-NUDGE_ANNOTATION = f"{DOMAIN}/gpu-room-seen"
 ROUND_SECONDS = 1.0  # at least this long between two rounds of nudges
 
 PatchNode = Callable[[str, dict[str, Any]], Awaitable[Any]]
@@ -157,14 +156,14 @@ class SchedulerNudger:
                 await asyncio.sleep(ROUND_SECONDS)
 
     async def _nudge(self, node: str) -> None:
-        from extender.kube.client import error_message, error_status  # here: the flags import this module
+        from extender.kube.client import error_message, not_found  # here: the flags import this module
 
         try:
             await self._patch_node(node, nudge_patch(dt.datetime.now(dt.UTC)))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if error_status(exc) == 404:
+            if not_found(exc):
                 self.nudges.forget(node)
                 self._on_nudge(node, "gone")
                 return

@@ -111,6 +111,22 @@ def error_status(exc: BaseException) -> int | None:
     return exc.status if isinstance(exc, ApiException) else None
 
 
+def not_found(exc: BaseException) -> bool:
+    """Whether an API call failed because the object, or its resource type, does not exist (404)."""
+    return error_status(exc) == 404
+
+
+async def get_or_none(api: client.ApiClient, path: str) -> dict[str, Any] | None:
+    """GET one object's JSON; None when the API server answers 404 (any other error is raised)."""
+    try:
+        found = await api_call(request_json, api, "GET", path)
+    except Exception as exc:
+        if not_found(exc):
+            return None
+        raise
+    return found if isinstance(found, dict) else None
+
+
 def error_message(exc: BaseException) -> str:
     """A short, human message for any error raised by an API call."""
     if isinstance(exc, ApiException):

@@ -26,7 +26,7 @@ from kubernetes import client
 
 from extender.common.tasks import cancel_and_wait
 from extender.kube.aio import AsyncKube
-from extender.kube.client import api_call, error_message, error_status, request_json
+from extender.kube.client import api_call, error_message, not_found, request_json
 from extender.kube.resources import EVENTS, collection_path, object_path
 
 log = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ class EventRecorder:
                                     "application/merge-patch+json")
                 return
             except Exception as exc:
-                if error_status(exc) != 404:
+                if not not_found(exc):
                     raise
         body = self.event_body(involved, reason, message, type_, stamp)
         namespace = body["metadata"]["namespace"]

@@ -22,7 +22,7 @@ import orjson
 from kubernetes import client
 
 from extender.kube.aio import AsyncKube
-from extender.kube.client import ApiException, error_message, error_status, request_json
+from extender.kube.client import ApiException, error_message, not_found, request_json
 from extender.kube.resources import Resource, collection_path
 
 log = logging.getLogger(__name__)
@@ -202,7 +202,7 @@ class WatchCache:
                     version = None
                     continue
                 except Exception as exc:
-                    if version is None and self.optional and error_status(exc) == 404:
+                    if version is None and self.optional and not_found(exc):
                         self.replace([])
                         await asyncio.sleep(self._backoff.cap)
                         continue

@@ -16,7 +16,8 @@ from typing import Any
 
 from kubernetes import client
 
-from extender.kube.client import api_call, error_message, error_status, request_json
+from extender.common.timefmt import parse_time
+from extender.kube.client import api_call, error_message, error_status, get_or_none, request_json
 
 log = logging.getLogger(__name__)
 
@@ -28,16 +29,6 @@ class LeaseAction(Enum):
     TAKE = "take"  # free or expired: take it over
     RENEW = "renew"
     WAIT = "wait"  # someone else holds it
-
-
-def parse_time(value: object) -> dt.datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
 
 
 def format_time(value: dt.datetime) -> str:
@@ -167,10 +158,4 @@ class LeaseKeeper:
                        body=released_body(current, dt.datetime.now(dt.UTC)))
 
     async def _read(self) -> dict[str, Any] | None:
-        try:
-            lease: dict[str, Any] = await api_call(request_json, self.api_client, "GET", self.path)
-        except Exception as exc:
-            if error_status(exc) == 404:
-                return None
-            raise
-        return lease
+        return await get_or_none(self.api_client, self.path)

@@ -9,15 +9,16 @@ from fractions import Fraction
 from typing import Any
 
 from extender.common.contract import POOL_LABEL
+from extender.common.labels import HOURLY_PRICING, SCHEDULING_DO_NOT_DISRUPT
+from extender.common.timefmt import parse_time
 from extender.planning.amounts import ZERO, Amount, CapacityError, parse_quantity_field
 from extender.planning.catalog import DEFAULT_CATALOG, Catalog
 from extender.planning.gaps import PoolCapacity
-from extender.planning.pool import PoolConfig, parse_time, pool_config
-from extender.planning.removal import DEFAULT_PROTECTION_SECONDS, DO_NOT_DISRUPT_LABEL, PoolNode
+from extender.planning.pool import PoolConfig, pool_config
+from extender.planning.removal import DEFAULT_PROTECTION_SECONDS, PoolNode
 from extender.scheduling.inventory import object_name
 from extender.scheduling.state import ClusterState
 
-HOURLY_PRICING = "tensor-fusion.ai/hourly-pricing"
 BOUND = "Bound"
 
 
@@ -91,7 +92,7 @@ class Inputs:
             labels = meta.get("labels") or {}
             out.append(PoolNode(
                 name=name, capacity=capacity, used=used, created=parse_time(meta.get("creationTimestamp")),
-                pinned=str(labels.get(DO_NOT_DISRUPT_LABEL, "")).lower() == "true",
+                pinned=str(labels.get(SCHEDULING_DO_NOT_DISRUPT, "")).lower() == "true",
                 price=prices.get(claim_by_node.get(name, "")),
             ))
         return out

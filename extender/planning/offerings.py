@@ -13,23 +13,26 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from extender.common.labels import (
+    ARCH,
+    CAPACITY_TYPE,
+    GPU_INSTANCE_FAMILY,
+    GPU_INSTANCE_SIZE,
+    GPU_VENDOR,
+    INSTANCE_TYPE,
+    OS,
+    REGION,
+    ZONE,
+)
+from extender.kube.selectors import requirement_selects
 from extender.planning.amounts import Amount
 from extender.planning.catalog import Catalog, InstanceType, normalise_capacity_type
 from extender.planning.pool import Requirement
 
 MAX_PER_RECONCILE = 100
-INSTANCE_TYPE = "node.kubernetes.io/instance-type"
-ARCH = "kubernetes.io/arch"
-OS = "kubernetes.io/os"
-ZONE = "topology.kubernetes.io/zone"
-REGION = "topology.kubernetes.io/region"
-CAPACITY_TYPE = "karpenter.sh/capacity-type"
-GPU_VENDOR = "tensor-fusion.ai/gpu-vendor"
-INSTANCE_FAMILY = "tensor-fusion.ai/gpu-instance-family"
-INSTANCE_SIZE = "tensor-fusion.ai/gpu-instance-size"
 # Keys decided by the offering; every other requirement is passed through to the NodeClaim.
-OFFERING_KEYS = (INSTANCE_TYPE, ARCH, OS, ZONE, REGION, CAPACITY_TYPE, GPU_VENDOR, INSTANCE_FAMILY,
-                 INSTANCE_SIZE)
+OFFERING_KEYS = (INSTANCE_TYPE, ARCH, OS, ZONE, REGION, CAPACITY_TYPE, GPU_VENDOR, GPU_INSTANCE_FAMILY,
+                 GPU_INSTANCE_SIZE)
 
 
 @dataclass(frozen=True)
@@ -76,29 +79,15 @@ class Choice:
         return total
 
 
-def _matches(requirement: Requirement, value: str) -> bool:
-    op = requirement.operator
-    if op == "In":
-        return value in requirement.values
-    if op == "NotIn":
-        return value not in requirement.values
-    if op == "Exists":
-        return bool(value)
-    if op == "DoesNotExist":
-        return not value
-    if op in ("Gt", "Lt") and requirement.values:
-        try:
-            have, bound = int(value), int(requirement.values[0])
-        except ValueError:
-            return False
-        return have > bound if op == "Gt" else have < bound
-    return False
+def _meets(requirement: Requirement, value: str) -> bool:
+    """A requirement on an instance type's value ("" when it has none)."""
+    return requirement_selects(requirement.operator, requirement.values, value or None)
 
 
 def _instance_value(instance: InstanceType, key: str) -> str | None:
     return {
         INSTANCE_TYPE: instance.name, ARCH: instance.arch, OS: "linux", GPU_VENDOR: instance.vendor,
-        INSTANCE_FAMILY: instance.family, INSTANCE_SIZE: instance.size,
+        GPU_INSTANCE_FAMILY: instance.family, GPU_INSTANCE_SIZE: instance.size,
     }.get(key)
 
 
@@ -132,14 +121,14 @@ def offerings(catalog: Catalog, requirements: Sequence[Requirement]) -> list[Off
                 value = value.upper()
             if key == REGION and instance.region:
                 value = instance.region
-            if value is not None and not all(_matches(r, value) for r in rs):
+            if value is not None and not all(_meets(r, value) for r in rs):
                 ok = False
         if not ok:
             continue
         zones = list(instance.zones) or zone_choices or [""]
-        zones = [z for z in zones if not z or all(_matches(r, z) for r in zone_reqs)]
+        zones = [z for z in zones if not z or all(_meets(r, z) for r in zone_reqs)]
         for capacity_type, price in sorted(instance.prices.items()):
-            allowed = (all(_matches(r, capacity_type) for r in capacity_reqs) if capacity_reqs
+            allowed = (all(_meets(r, capacity_type) for r in capacity_reqs) if capacity_reqs
                        else capacity_type == "on-demand")
             if allowed:
                 out.extend(Offering(instance, capacity_type, zone, price) for zone in zones)

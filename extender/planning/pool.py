@@ -7,18 +7,16 @@ one bad pool never stops the others; the controller reports them as events.
 from __future__ import annotations
 
 import datetime as dt
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from extender.common.labels import MANUAL_COMPACTION
+from extender.common.timefmt import parse_duration, parse_time
 from extender.planning.amounts import UNLIMITED, Amount, CapacityError, parse_amount
 
-MANUAL_COMPACTION = "tensor-fusion.ai/manual-compaction"
 DEFAULT_COMPACTION_PERIOD = 300.0
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)")
-_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 
 
 class ProvisioningMode(StrEnum):
@@ -66,31 +64,6 @@ class PoolConfig:
     manual_compaction: dt.datetime | None = None
     problems: tuple[str, ...] = ()
     uid: str = ""
-
-
-def parse_duration(text: str) -> float:
-    """A Go duration such as ``5m``, ``1h30m``, ``90s`` in seconds; ValueError otherwise."""
-    raw = text.strip()
-    pos, total = 0, 0.0
-    for match in _DURATION_PART.finditer(raw):
-        if match.start() != pos:
-            break
-        total += float(match[1]) * _UNIT_SECONDS[match[2]]
-        pos = match.end()
-    if not raw or pos != len(raw):
-        raise ValueError(f"{text!r} is not a duration like 5m or 90s")
-    return total
-
-
-def parse_time(value: object) -> dt.datetime | None:
-    """An RFC 3339 timestamp (``Z`` or an offset) as an aware datetime, None when unparsable."""
-    if not isinstance(value, str) or not value.strip():
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
 
 
 def _string_map(raw: Any) -> dict[str, str]:
@@ -154,7 +127,7 @@ def pool_config(obj: Mapping[str, Any]) -> PoolConfig:
     raw_period = (manager.get("nodeCompaction") or {}).get("period")
     if raw_period:
         try:
-            period = parse_duration(str(raw_period))
+            period = parse_duration(str(raw_period)).total_seconds()
         except ValueError as exc:
             problems.append(f"nodeCompaction.period: {exc}")
     annotations = meta.get("annotations") or {}

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
 
+from extender.common.labels import SCHEDULING_DO_NOT_DISRUPT
 from extender.planning.amounts import ZERO, Amount
 from extender.planning.pool import PoolConfig
 
 DEFAULT_PROTECTION_SECONDS = 300.0
-DO_NOT_DISRUPT_LABEL = "tensor-fusion.ai/do-not-disrupt"
 
 
 class NodeVerdict(StrEnum):
@@ -74,7 +74,7 @@ def removal_decisions(config: PoolConfig, nodes: Sequence[PoolNode], now: dt.dat
         if not node.empty:
             out[node.name] = Decision(node, NodeVerdict.BUSY, "holds GPU allocations")
         elif node.pinned:
-            out[node.name] = Decision(node, NodeVerdict.PINNED, f"labelled {DO_NOT_DISRUPT_LABEL}")
+            out[node.name] = Decision(node, NodeVerdict.PINNED, f"labelled {SCHEDULING_DO_NOT_DISRUPT}")
         else:
             empties.append(node)
     empties.sort(key=lambda n: (not _old_enough(n, now, protection_seconds), -(n.price or 0),

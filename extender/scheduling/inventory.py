@@ -13,14 +13,11 @@ from fractions import Fraction
 from typing import Any
 
 from extender.common.contract import DEFAULT_POOL_ANNOTATION, POOL_LABEL_ON_GPU, USED_BY_TAINT_VALUE
+from extender.common.labels import GFD_COUNT, GFD_MEMORY, GFD_PRODUCT, HOSTNAME
 from extender.common.quantity import QuantityError, parse_quantity
 from extender.scheduling import gpu_models
 
 NANO = 10**9
-HOSTNAME_KEY = "kubernetes.io/hostname"
-GFD_COUNT = "nvidia.com/gpu.count"
-GFD_PRODUCT = "nvidia.com/gpu.product"
-GFD_MEMORY = "nvidia.com/gpu.memory"
 GFD_LABELS = (GFD_COUNT, GFD_PRODUCT, GFD_MEMORY)
 RUNNING = "Running"
 MAX_SYNTHETIC_GPUS = 64
@@ -78,7 +75,7 @@ def gpu_from_object(obj: Mapping[str, Any]) -> GPUDevice | None:
     """A TensorFusion GPU object as a device, or None when it lacks a name, node or capacity."""
     name = (obj.get("metadata") or {}).get("name")
     status = obj.get("status") or {}
-    node = (status.get("nodeSelector") or {}).get(HOSTNAME_KEY)
+    node = (status.get("nodeSelector") or {}).get(HOSTNAME)
     capacity = status.get("capacity") or {}
     tflops = _quantity(capacity.get("tflops"))
     vram = _quantity(capacity.get("vram"))

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from extender.controllers.defrag.plan import selector_matches
+from extender.kube.selectors import selects
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def budgets_from(objects: Iterable[Mapping[str, Any]]) -> list[Budget]:
 
 
 def covering(budgets: Sequence[Budget], namespace: str, labels: Mapping[str, str]) -> list[Budget]:
-    return [b for b in budgets if b.namespace == namespace and selector_matches(b.selector, labels)]
+    return [b for b in budgets if b.namespace == namespace and selects(b.selector, labels)]
 
 
 def violations(victims: Sequence[tuple[str, Mapping[str, str]]], budgets: Sequence[Budget]) -> int:

@@ -19,7 +19,6 @@ bound or gone (extender/confirm.py): a stalled watch never lets the capacity go 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import Mapping
@@ -39,8 +38,9 @@ from extender.common.contract import (
     format_bytes,
     format_tflops,
 )
+from extender.common.tasks import cancel_and_wait
 from extender.kube.aio import NotSent
-from extender.kube.client import error_message, error_status
+from extender.kube.client import error_message, error_status, not_found
 from extender.kube.pods import PodApi
 from extender.scheduling.state import pod_index
 from extender.server.confirm import hold_until_confirmed
@@ -273,7 +273,7 @@ class Binder:
         try:
             current = await self.api.get(ns, name)
         except Exception as exc:
-            if error_status(exc) == 404:
+            if not_found(exc):
                 return _Seen.UNBOUND, f"cannot bind pod {ns}/{name}: it was deleted"
             return None, ""
         if _uid(current) != uid:
@@ -329,11 +329,7 @@ class Binder:
         """Let in-flight binds finish (up to ``timeout``), then stop background work."""
         if self._running:
             await asyncio.wait({task for _, task in self._running.values()}, timeout=timeout)
-        for task in list(self._background):
-            task.cancel()
-        for task in list(self._background):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self._background)
 
 
 def _uid(pod: Mapping[str, Any]) -> str:

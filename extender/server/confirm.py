@@ -20,7 +20,7 @@ import asyncio
 import logging
 from typing import Any, Protocol
 
-from extender.kube.client import error_message, error_status
+from extender.kube.client import error_message, not_found
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ async def hold_until_confirmed(state: ConfirmState, api: PodReader, reservation:
         try:
             pod = await api.get(namespace, name)
         except Exception as exc:
-            if error_status(exc) == 404:
+            if not_found(exc):
                 state.release(reservation)
                 return
             log.warning("cannot confirm a bound pod yet; keeping its GPUs reserved",

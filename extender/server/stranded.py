@@ -23,16 +23,10 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from extender.common.contract import GPU_IDS, POOL_LABEL
+from extender.common.timefmt import parse_time
 
 TERMINATING_GRACE = dt.timedelta(seconds=60)
 REASONS = ("terminating", "node_gone", "phase_unknown")
-
-
-def _time(text: object) -> dt.datetime | None:
-    try:
-        return dt.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def stranded_reason(pod: Mapping[str, Any], node_exists: Callable[[str], bool],
@@ -44,7 +38,7 @@ def stranded_reason(pod: Mapping[str, Any], node_exists: Callable[[str], bool],
     phase = (pod.get("status") or {}).get("phase")
     if phase in ("Succeeded", "Failed"):
         return None  # finished pods hold nothing
-    deadline = _time(meta.get("deletionTimestamp")) if meta.get("deletionTimestamp") else None
+    deadline = parse_time(meta.get("deletionTimestamp"))
     if deadline is not None and now > deadline + TERMINATING_GRACE:
         return "terminating"
     if not node_exists(str(node)):

@@ -9,11 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from extender.common.timefmt import parse_duration
 from extender.planning.amounts import Amount, CapacityError, parse_amount
 from extender.planning.catalog import DEFAULT_CATALOG, Catalog, parse_catalog
 from extender.planning.gaps import PoolCapacity, gap, room
 from extender.planning.offerings import MAX_PER_RECONCILE, Offering, cheapest, offerings
-from extender.planning.pool import ProvisioningMode, Requirement, parse_duration, pool_config
+from extender.planning.pool import ProvisioningMode, Requirement, pool_config
 
 GI = 1 << 30
 T = Fraction
@@ -134,7 +135,7 @@ def test_pool_config_parses_targets_and_reports_problems() -> None:
 
 @pytest.mark.parametrize(("text", "seconds"), [("5m", 300), ("1h30m", 5400), ("90s", 90), ("250ms", 0.25)])
 def test_durations(text: str, seconds: float) -> None:
-    assert parse_duration(text) == seconds
+    assert parse_duration(text).total_seconds() == seconds
 
 
 @pytest.mark.parametrize("text", ["", "5", "m5", "5 m", "5d"])

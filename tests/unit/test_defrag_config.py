@@ -6,7 +6,8 @@ import datetime as dt
 
 import pytest
 
-from extender.controllers.defrag.config import DefragConfigError, parse_config, parse_duration
+from extender.common.timefmt import parse_duration
+from extender.controllers.defrag.config import DefragConfigError, parse_config
 
 
 def pool(**defrag: object) -> dict:

@@ -18,8 +18,8 @@ from extender.controllers.defrag.plan import (
     plan_defrag,
     plan_pool,
     pool_nodes,
-    selector_matches,
 )
+from extender.kube.selectors import selects
 from extender.plan_cmd import snapshot_inputs
 from extender.planning.action import plan
 from extender.scheduling.state import ClusterState
@@ -203,7 +203,7 @@ def test_nodes_of_other_pools_are_neither_candidates_nor_targets():
     ({"matchExpressions": [{"key": "app", "operator": "Bogus"}]}, {"app": "a"}, False),
 ])
 def test_pdb_selector(selector, labels, expected):
-    assert selector_matches(selector, labels) is expected
+    assert selects(selector, labels) is expected
 
 
 def test_candidates_are_used_nodes_at_or_below_the_threshold():

@@ -11,15 +11,10 @@ from typing import Any
 from defrag_fixtures import NOW_TEXT, four_nodes, pool
 from prometheus_client import CollectorRegistry
 
+from extender.common.labels import MANUAL_DEFRAG
 from extender.controllers.defrag.config import parse_config
 from extender.controllers.defrag.metrics import DefragMetrics
-from extender.controllers.defrag.runner import (
-    MANUAL_TRIGGER_ANNOTATION,
-    Defragmenter,
-    Eviction,
-    Trigger,
-    manual_trigger,
-)
+from extender.controllers.defrag.runner import Defragmenter, Eviction, Trigger, manual_trigger
 from extender.scheduling.state import ClusterState, FilterOutcome, Kind
 from extender.simulate_cmd import load_cluster
 
@@ -203,9 +198,9 @@ async def test_the_run_stops_at_max_duration_between_moves():
 
 
 def test_manual_trigger_needs_a_fresh_timestamp():
-    fresh = {"metadata": {"annotations": {MANUAL_TRIGGER_ANNOTATION: "2026-06-01T11:59:55Z"}}}
-    stale = {"metadata": {"annotations": {MANUAL_TRIGGER_ANNOTATION: "2026-06-01T11:00:00Z"}}}
-    junk = {"metadata": {"annotations": {MANUAL_TRIGGER_ANNOTATION: "now please"}}}
+    fresh = {"metadata": {"annotations": {MANUAL_DEFRAG: "2026-06-01T11:59:55Z"}}}
+    stale = {"metadata": {"annotations": {MANUAL_DEFRAG: "2026-06-01T11:00:00Z"}}}
+    junk = {"metadata": {"annotations": {MANUAL_DEFRAG: "now please"}}}
     assert manual_trigger(fresh, NOW) == "2026-06-01T11:59:55Z"
     assert manual_trigger(stale, NOW) is None
     assert manual_trigger(junk, NOW) is None
@@ -214,7 +209,7 @@ def test_manual_trigger_needs_a_fresh_timestamp():
 
 def test_due_runs_a_manual_trigger_once_and_the_schedule_at_its_minute():
     objects = four_nodes(schedule="0 3 * * *", timezone="Asia/Shanghai")
-    objects[0]["metadata"]["annotations"] = {MANUAL_TRIGGER_ANNOTATION: "2026-06-01T11:59:59Z"}
+    objects[0]["metadata"]["annotations"] = {MANUAL_DEFRAG: "2026-06-01T11:59:59Z"}
     defragmenter, cluster, _, clock, _ = setup(objects)
     assert [t for _, _, t in defragmenter.due(cluster.pools())] == [Trigger.MANUAL]
     clock.value += dt.timedelta(seconds=5)
@@ -298,7 +293,7 @@ async def test_a_node_whose_room_the_previous_node_took_is_reported_no_room():
 
 
 async def test_tick_runs_each_due_pool_as_its_own_task():
-    from extender.controllers.defrag.runner import MANUAL_TRIGGER_ANNOTATION as MANUAL
+    from extender.common.labels import MANUAL_DEFRAG as MANUAL
 
     objects = four_nodes()
     other = pool("q")
@@ -321,7 +316,7 @@ async def test_losing_the_lease_cancels_a_run_and_lifts_its_fence():
 
     lease = Lease()
     objects = four_nodes()
-    objects[0]["metadata"]["annotations"] = {MANUAL_TRIGGER_ANNOTATION: "2026-06-01T11:59:59Z"}
+    objects[0]["metadata"]["annotations"] = {MANUAL_DEFRAG: "2026-06-01T11:59:59Z"}
     defragmenter, cluster, _, _, _ = setup(objects, leader=lease)
     cluster.blocked = {"light-a-w0"}  # the run waits on the PDB
     defragmenter.tick()
@@ -335,7 +330,7 @@ async def test_losing_the_lease_cancels_a_run_and_lifts_its_fence():
 
 async def test_a_run_that_fails_says_so():
     objects = four_nodes()
-    objects[0]["metadata"]["annotations"] = {MANUAL_TRIGGER_ANNOTATION: "2026-06-01T11:59:59Z"}
+    objects[0]["metadata"]["annotations"] = {MANUAL_DEFRAG: "2026-06-01T11:59:59Z"}
     defragmenter, cluster, recorder, _, metrics = setup(objects)
 
     async def broken() -> list[dict[str, Any]]:

@@ -10,18 +10,15 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender.controllers.expansion.nodeclaim import (
+from extender.common.labels import (
     DO_NOT_DISRUPT,
     EXPANSION_LABEL,
     INSTANCE_TYPE,
     NODEPOOL_LABEL,
     REGION,
     ZONE,
-    ClaimError,
-    ValueSet,
-    build_nodeclaim,
-    pod_accepts_claim,
 )
+from extender.controllers.expansion.nodeclaim import ClaimError, ValueSet, build_nodeclaim, pod_accepts_claim
 from tests.upstream import karpenter_crd
 
 

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from extender.common.contract import GPURequest, parse_request
+from extender.common.labels import INSTANCE_TYPE, ZONE
 from extender.controllers.expansion.fit import device_of, empty_copy_fits
 from extender.controllers.expansion.inflight import InFlight, LeaveReason
-from extender.controllers.expansion.nodeclaim import INSTANCE_TYPE, ZONE
 from extender.scheduling.inventory import NANO, GPUDevice
 from extender.scheduling.state import GPUView
 

@@ -9,16 +9,14 @@ import pytest
 from test_expansion_worker import CAPACITY_ONLY, FakePort, later, make
 from test_expansion_worker import port as port  # the fixture
 
+from extender.common.labels import EXPANSION_INSTANCE_TYPE, EXPANSION_NODEPOOL, INSTANCE_TYPE, NODEPOOL_LABEL
 from extender.controllers.expansion.detect import REASON_CHECK, REASON_COMPLETED, REASON_FAILED
 from extender.controllers.expansion.karpenter import (
-    INSTANCE_TYPE_ANNOTATION,
-    NODEPOOL_ANNOTATION,
     claim_devices,
     node_usable,
     nominated_claims,
     pool_nodepools,
 )
-from extender.controllers.expansion.nodeclaim import INSTANCE_TYPE, NODEPOOL_LABEL
 from extender.controllers.expansion.worker import REASON_CONSOLIDATION, REASON_SKIPPED, REASON_WAITING
 from extender.scheduling.state import FilterOutcome
 
@@ -221,7 +219,7 @@ async def test_a_pod_the_extender_has_seen_with_candidates_is_not_taken_for_a_ze
                    port.nodepools["named"]["spec"]["template"]["metadata"]["labels"].pop(
                        "tensor-fusion.ai/gpupool"),
                    port.gpupools.update({"pool-a": {"metadata": {"name": "pool-a", "annotations": {
-                       NODEPOOL_ANNOTATION: "named", INSTANCE_TYPE_ANNOTATION: "gpu-a100-2"}}}})),
+                       EXPANSION_NODEPOOL: "named", EXPANSION_INSTANCE_TYPE: "gpu-a100-2"}}}})),
      ("named", ["gpu-a100-2"])),
     ("several instance types and no annotation: Karpenter picks",
      lambda port: gpu_nodepool(port, "multi", instance_types=("gpu-a100-1", "gpu-a100-2")),
@@ -249,7 +247,7 @@ async def test_a_nodepool_that_cannot_make_a_fitting_node_fails_with_the_reason(
         port: FakePort, case: str, labels: dict[str, Any], reason: str) -> None:
     gpu_nodepool(port)
     port.gpupools["pool-a"] = {"metadata": {"name": "pool-a",
-                                            "annotations": {NODEPOOL_ANNOTATION: "gpu-zero"}}}
+                                            "annotations": {EXPANSION_NODEPOOL: "gpu-zero"}}}
     template = port.nodepools["gpu-zero"]["spec"]["template"]["metadata"]["labels"]
     for key, value in labels.items():
         if value is None:
@@ -280,7 +278,7 @@ def test_pool_nodepools_by_annotation_or_template_label() -> None:
         "tensor-fusion.ai/gpupool": "p"}}}}}
     b = {"metadata": {"name": "b"}, "spec": {}}
     assert pool_nodepools(None, "p", [b, a]) == [a]
-    assert pool_nodepools({"metadata": {"annotations": {NODEPOOL_ANNOTATION: "b"}}}, "p", [a, b]) == [b]
+    assert pool_nodepools({"metadata": {"annotations": {EXPANSION_NODEPOOL: "b"}}}, "p", [a, b]) == [b]
     assert pool_nodepools(None, "q", [a, b]) == []
 
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from extender.common.labels import DO_NOT_DISRUPT, INSTANCE_TYPE, NODEPOOL_LABEL
 from extender.controllers.expansion.config import ExpansionConfig
 from extender.controllers.expansion.detect import REASON_CHECK, REASON_COMPLETED, REASON_FAILED
-from extender.controllers.expansion.nodeclaim import DO_NOT_DISRUPT, INSTANCE_TYPE, NODEPOOL_LABEL
 from extender.controllers.expansion.worker import REASON_SKIPPED, REASON_WAITING, Expander
 from extender.scheduling.inventory import NANO, GPUDevice
 from extender.scheduling.state import FilterOutcome

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from extender.controllers.nudge import NUDGE_ANNOTATION, Nudges, SchedulerNudger
+from extender.common.labels import NUDGE_ANNOTATION
+from extender.controllers.nudge import Nudges, SchedulerNudger
 from extender.kube.client import ApiException
 from extender.scheduling.state import ClusterState, FilterOutcome, Kind
 from tests.unit.test_state import bound, gpu, make, pod

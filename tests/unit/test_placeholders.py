@@ -11,26 +11,20 @@ import pytest
 from kubernetes.client.rest import ApiException
 from test_expansion_worker import CAPACITY_ONLY, Clock, FakePort, Leader, gpu
 
-from extender.common.contract import parse_request
-from extender.controllers.expansion.config import ExpansionConfig
-from extender.controllers.expansion.detect import REASON_COMPLETED, REASON_FAILED
-from extender.controllers.expansion.placeholder_pods import (
+from extender.common.contract import POOL_LABEL, parse_request
+from extender.common.labels import (
+    NODE_PROVISIONER,
     NVIDIA_GPU,
     PLACEHOLDER_FOR,
     PLACEHOLDER_FOR_UID,
     PLACEHOLDER_LABEL,
-    POOL_LABEL,
     SAFE_TO_EVICT,
-    placeholder_body,
-    pod_cpu_memory,
 )
+from extender.controllers.expansion.config import ExpansionConfig
+from extender.controllers.expansion.detect import REASON_COMPLETED, REASON_FAILED
+from extender.controllers.expansion.placeholder_pods import placeholder_body, pod_cpu_memory
 from extender.controllers.expansion.placeholders import REASON_WAITING, Placeholders
-from extender.controllers.expansion.provisioner import (
-    POOL_ANNOTATION,
-    AutoscalerConfig,
-    Provisioner,
-    pool_provisioner,
-)
+from extender.controllers.expansion.provisioner import AutoscalerConfig, Provisioner, pool_provisioner
 from extender.controllers.expansion.worker import Expander
 from extender.scheduling.state import FilterOutcome
 
@@ -175,7 +169,7 @@ def test_pod_cpu_and_memory_count_like_the_scheduler(spec: dict[str, Any], cpu: 
 ])
 def test_the_pool_annotation_overrides_the_flag(annotation: str | None, default: Provisioner,
                                                  expected: Provisioner) -> None:
-    pool = {"metadata": {"annotations": {POOL_ANNOTATION: annotation} if annotation else {}}}
+    pool = {"metadata": {"annotations": {NODE_PROVISIONER: annotation} if annotation else {}}}
     assert pool_provisioner(pool, default) is expected
 
 
@@ -270,7 +264,7 @@ async def test_a_pool_marked_for_the_cluster_autoscaler_never_gets_a_nodeclaim()
     port = CAPort()
     port.add_template()  # a Karpenter template exists...
     port.gpupools["pool-a"] = {"metadata": {"name": "pool-a",
-                                            "annotations": {POOL_ANNOTATION: "cluster-autoscaler"}}}
+                                            "annotations": {NODE_PROVISIONER: "cluster-autoscaler"}}}
     expander, clock = make(port)
     expander.notice(port.add_pod("p"), CAPACITY_ONLY, ["n1"])
     await later(expander, clock, 10)

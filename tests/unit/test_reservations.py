@@ -8,14 +8,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender.controllers.expansion.placeholder_pods import (
-    NVIDIA_GPU,
-    RESERVATION_LABEL,
-    RESERVED_GPU,
-    SAFE_TO_EVICT,
-    reservation_body,
-    reservation_name,
-)
+from extender.common.labels import NVIDIA_GPU, RESERVATION_LABEL, RESERVED_GPU, SAFE_TO_EVICT
+from extender.controllers.expansion.placeholder_pods import reservation_body, reservation_name
 from extender.controllers.expansion.reservations import plan, wanted
 
 NS = "tensor-fusion-system"

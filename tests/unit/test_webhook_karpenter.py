@@ -12,8 +12,9 @@ from aiohttp.test_utils import TestClient
 from test_webhook_fixtures import ServerUnderTest, pod, tf, view
 from test_webhook_server import post, review, static_view
 
+from extender.common.labels import DO_NOT_DISRUPT
 from webhook import cli
-from webhook.karpenter import DO_NOT_DISRUPT, DoNotDisruptSwitch, Mode, serves_nodeclaims
+from webhook.karpenter import DoNotDisruptSwitch, Mode, serves_nodeclaims
 from webhook.mutation import mutate
 from webhook.server import WebhookService, create_server
 

@@ -22,15 +22,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from extender.controllers.expansion.nodeclaim import DO_NOT_DISRUPT
+from extender.common.labels import DO_NOT_DISRUPT, PROTECTED_BY, SHOULD_DELETE
 from extender.planning.action import Action
 from extender.planning.inputs import Inputs
 from extender.planning.pool import PoolConfig, ProvisioningMode
 from extender.planning.removal import Decision, NodeVerdict, removal_decisions
-
-SHOULD_DELETE = "tensor-fusion.ai/should-delete"
-# Marks a karpenter.sh/do-not-disrupt that we set, so we never take away one a user set.
-PROTECTED_BY = "tensor-fusion.ai/protected-by-compaction"
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,8 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter
 
-from extender.controllers.capacity.compaction_plan import (
-    DO_NOT_DISRUPT,
-    PROTECTED_BY,
-    SHOULD_DELETE,
-    NodePayload,
-    plan_compaction,
-)
+from extender.common.labels import DO_NOT_DISRUPT, PROTECTED_BY, SHOULD_DELETE
+from extender.controllers.capacity.compaction_plan import NodePayload, plan_compaction
 from extender.controllers.capacity.port import KubePort, LiveView, node_ref
 from extender.kube.client import error_message
 from extender.kube.resources import GPU_NODE_CLAIMS, NODECLAIMS, NODES

@@ -16,24 +16,24 @@ from fractions import Fraction
 from typing import Any
 
 from extender.common.contract import POOL_LABEL
-from extender.common.quantity import Format, format_quantity
-from extender.planning.offerings import (
+from extender.common.labels import (
     CAPACITY_TYPE,
+    DO_NOT_DISRUPT,
+    GFD_COUNT,
+    GFD_MEMORY,
+    GFD_PRODUCT,
+    GPU_NODE_CLAIM_LABEL,
+    HOURLY_PRICING,
     INSTANCE_TYPE,
-    OFFERING_KEYS,
+    NVIDIA_GPU,
     REGION,
     ZONE,
-    Offering,
 )
+from extender.common.quantity import Format, format_quantity
+from extender.kube.resources import GPU_NODE_CLAIMS, GPU_POOLS, NODECLAIMS
+from extender.planning.offerings import OFFERING_KEYS, Offering
 from extender.planning.pool import PoolConfig
-from extender.scheduling.inventory import GFD_COUNT, GFD_MEMORY, GFD_PRODUCT
 
-TF_API_VERSION = "tensor-fusion.ai/v1"
-NODECLAIM_API_VERSION = "karpenter.sh/v1"
-HOURLY_PRICING = "tensor-fusion.ai/hourly-pricing"
-DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
-CLAIM_LABEL = "tensor-fusion.ai/gpu-node-claim"
-GPU_RESOURCE = "nvidia.com/gpu"
 _MIB = 1 << 20
 
 
@@ -74,8 +74,9 @@ def gpunodeclaim_body(config: PoolConfig, offer: Offering, name: str) -> dict[st
     metadata: dict[str, Any] = {"name": name, "labels": {POOL_LABEL: config.name},
                                 "annotations": {HOURLY_PRICING: price_text(offer.price)}}
     if config.uid:
-        metadata["ownerReferences"] = [_owner(TF_API_VERSION, "GPUPool", config.name, config.uid)]
-    return {"apiVersion": TF_API_VERSION, "kind": "GPUNodeClaim", "metadata": metadata, "spec": spec}
+        metadata["ownerReferences"] = [_owner(GPU_POOLS.api_version, "GPUPool", config.name, config.uid)]
+    return {"apiVersion": GPU_NODE_CLAIMS.api_version, "kind": "GPUNodeClaim", "metadata": metadata,
+            "spec": spec}
 
 
 def _requirements(config: PoolConfig, offer: Offering) -> list[dict[str, Any]]:
@@ -101,7 +102,7 @@ def nodeclaim_body(config: PoolConfig, offer: Offering, name: str, owner_uid: st
         raise ValueError(f"GPUPool {config.name} has no karpenterNodeClassRef")
     instance = offer.instance
     labels: dict[str, str] = {
-        **config.labels, POOL_LABEL: config.name, CLAIM_LABEL: name,
+        **config.labels, POOL_LABEL: config.name, GPU_NODE_CLAIM_LABEL: name,
         GFD_COUNT: str(instance.gpu_count), GFD_MEMORY: str(instance.vram_per_gpu // _MIB),
     }
     product = label_value(instance.gpu_model)
@@ -110,16 +111,16 @@ def nodeclaim_body(config: PoolConfig, offer: Offering, name: str, owner_uid: st
     spec: dict[str, Any] = {
         "nodeClassRef": config.node_class.as_json(),
         "requirements": _requirements(config, offer),
-        "resources": {"requests": {GPU_RESOURCE: str(instance.gpu_count)}},
+        "resources": {"requests": {NVIDIA_GPU: str(instance.gpu_count)}},
     }
     if config.taints:
         spec["taints"] = [dict(t) for t in config.taints]
     metadata: dict[str, Any] = {
         "name": name, "labels": labels,
         "annotations": {**config.annotations, DO_NOT_DISRUPT: "true"},
-        "ownerReferences": [_owner(TF_API_VERSION, "GPUNodeClaim", name, owner_uid)],
+        "ownerReferences": [_owner(GPU_NODE_CLAIMS.api_version, "GPUNodeClaim", name, owner_uid)],
     }
-    return {"apiVersion": NODECLAIM_API_VERSION, "kind": "NodeClaim", "metadata": metadata, "spec": spec}
+    return {"apiVersion": NODECLAIMS.api_version, "kind": "NodeClaim", "metadata": metadata, "spec": spec}
 
 
 def claim_phase(gpunodeclaim: Mapping[str, Any]) -> str:

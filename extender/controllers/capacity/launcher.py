@@ -31,7 +31,7 @@ from extender.controllers.capacity.gpunodeclaim import (
 )
 from extender.controllers.capacity.launch_plan import LaunchPayload, plan_launches
 from extender.controllers.capacity.port import KubePort, LiveView
-from extender.kube.client import error_message, error_status
+from extender.kube.client import error_message, error_status, not_found
 from extender.kube.resources import GPU_NODE_CLAIMS, GPU_POOLS, NODECLAIMS, collection_path
 from extender.planning.action import Action
 from extender.planning.inputs import claim_price
@@ -156,7 +156,7 @@ class Launcher:
                 await self.port.patch(GPU_NODE_CLAIMS, name, {"spec": {"nodeName": node}})
             await self.port.patch(GPU_NODE_CLAIMS, name, {"status": {"phase": phase}}, subresource="status")
         except Exception as exc:
-            if error_status(exc) != 404:
+            if not not_found(exc):
                 log.warning("GPUNodeClaim phase not written",
                             extra={"claim": name, "phase": phase, "error": error_message(exc)})
             return

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from kubernetes import client
 
 from extender.controllers.capacity.config import CapacityConfig
-from extender.kube.client import api_call, error_message, error_status, request_json
+from extender.kube.client import api_call, error_message, get_or_none, not_found, request_json
 from extender.kube.events import EventRecorder
 from extender.kube.informer import WatchCache
 from extender.kube.resources import GPU_NODE_CLAIMS, NODECLAIMS, Resource, collection_path, object_path
@@ -49,13 +49,7 @@ class KubePort:
         self.recorder = recorder
 
     async def get(self, path: str) -> dict[str, Any] | None:
-        try:
-            found: dict[str, Any] = await api_call(request_json, self.api_client, "GET", path)
-        except Exception as exc:
-            if error_status(exc) == 404:
-                return None
-            raise
-        return found
+        return await get_or_none(self.api_client, path)
 
     async def create(self, resource: Resource, body: dict[str, Any]) -> dict[str, Any]:
         created: dict[str, Any] = await api_call(request_json, self.api_client, "POST",
@@ -72,7 +66,7 @@ class KubePort:
         try:
             await api_call(request_json, self.api_client, "DELETE", object_path(resource, name))
         except Exception as exc:
-            if error_status(exc) == 404:
+            if not_found(exc):
                 return False
             raise
         return True

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import re
 import zoneinfo
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from extender.common.timefmt import parse_duration
 from extender.controllers.defrag.cron import CronError, CronSchedule
 
 FIELD = "spec.nodeManagerConfig.nodeCompaction.defrag"
@@ -25,10 +25,6 @@ DEFAULT_MAX_DURATION = dt.timedelta(hours=2)
 DEFAULT_THRESHOLD = 40
 DEFAULT_TICK_SECONDS = 5.0
 DEFAULT_REPLACEMENT_TIMEOUT_SECONDS = 300.0
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
-                 "h": 3600.0}
 
 
 class DefragConfigError(ValueError):
@@ -50,22 +46,6 @@ class DefragConfig:
     def scheduled(self) -> bool:
         """Whether cron runs apply (a manual run needs no timezone)."""
         return self.enabled and self.timezone is not None
-
-
-def parse_duration(text: str) -> dt.timedelta:
-    """A Go ``time.ParseDuration`` string (``2h``, ``1h30m``, ``90s``, ``1.5h``); no sign, not zero."""
-    raw = text.strip()
-    if not raw:
-        raise ValueError("empty duration")
-    position, seconds = 0, 0.0
-    for match in _DURATION_PART.finditer(raw):
-        if match.start() != position:
-            break
-        seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-        position = match.end()
-    if position != len(raw):
-        raise ValueError(f"not a duration like 2h, 90m or 1h30m: {text!r}")
-    return dt.timedelta(seconds=seconds)
 
 
 def defrag_section(pool: Mapping[str, Any]) -> Mapping[str, Any]:

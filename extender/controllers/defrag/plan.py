@@ -30,11 +30,12 @@ from enum import StrEnum
 from typing import Any
 
 from extender.common.contract import GPU_IDS, NATIVE_GPU_RESOURCES, POD_INDEX
+from extender.common.labels import SCHEDULING_DO_NOT_DISRUPT
+from extender.common.timefmt import parse_time
 from extender.controllers.defrag.config import DefragConfig, DefragConfigError, parse_config
+from extender.kube.selectors import expression_selects, selects
 from extender.planning.action import Action
 from extender.planning.inputs import Inputs
-from extender.planning.pool import parse_time
-from extender.planning.removal import DO_NOT_DISRUPT_LABEL
 from extender.scheduling.inventory import object_name
 from extender.scheduling.ledger import Allocation
 from extender.scheduling.state import ClusterState, PlacementError, Reservation, pod_key
@@ -145,7 +146,7 @@ def cordoned(node: Mapping[str, Any] | None) -> bool:
 
 def do_not_disrupt(node: Mapping[str, Any] | None) -> bool:
     labels = ((node or {}).get("metadata") or {}).get("labels") or {}
-    return str(labels.get(DO_NOT_DISRUPT_LABEL, "")).lower() == "true"
+    return str(labels.get(SCHEDULING_DO_NOT_DISRUPT, "")).lower() == "true"
 
 
 def native_gpu_resource(pod: Mapping[str, Any]) -> str | None:
@@ -164,50 +165,6 @@ def native_gpu_resource(pod: Mapping[str, Any]) -> str | None:
 def has_controller(pod: Mapping[str, Any]) -> bool:
     refs = (pod.get("metadata") or {}).get("ownerReferences") or []
     return any(isinstance(r, Mapping) and r.get("controller") is True for r in refs)
-
-
-def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
-    """A metav1.LabelSelector: null matches nothing, {} everything."""
-    if selector is None:
-        return False
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expression in selector.get("matchExpressions") or []:
-        key, operator = expression.get("key"), expression.get("operator")
-        values = set(expression.get("values") or [])
-        present = key in labels
-        if operator == "In" and not (present and labels[key] in values):
-            return False
-        if operator == "NotIn" and present and labels[key] in values:
-            return False
-        if operator == "Exists" and not present:
-            return False
-        if operator == "DoesNotExist" and present:
-            return False
-        if operator not in ("In", "NotIn", "Exists", "DoesNotExist"):
-            return False
-    return True
-
-
-def _expression_matches(expression: Mapping[str, Any], value: str | None) -> bool:
-    operator = expression.get("operator")
-    values = [str(v) for v in expression.get("values") or []]
-    if operator == "In":
-        return value is not None and value in values
-    if operator == "NotIn":
-        return value is None or value not in values
-    if operator == "Exists":
-        return value is not None
-    if operator == "DoesNotExist":
-        return value is None
-    if operator in ("Gt", "Lt") and value is not None and len(values) == 1:
-        try:
-            left, right = int(value), int(values[0])
-        except ValueError:
-            return False
-        return left > right if operator == "Gt" else left < right
-    return False
 
 
 def _tolerated(taint: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]]) -> bool:
@@ -238,8 +195,8 @@ def node_admits(pod: Mapping[str, Any], node: Mapping[str, Any] | None) -> bool:
                 .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
     terms = required.get("nodeSelectorTerms") or []
     if terms and not any(
-        all(_expression_matches(e, labels.get(str(e.get("key")))) for e in term.get("matchExpressions") or [])
-        and all(_expression_matches(e, str(meta.get("name")) if e.get("key") == "metadata.name" else None)
+        all(expression_selects(e, labels.get(str(e.get("key")))) for e in term.get("matchExpressions") or [])
+        and all(expression_selects(e, str(meta.get("name")) if e.get("key") == "metadata.name" else None)
                 for e in term.get("matchFields") or [])
         and (term.get("matchExpressions") or term.get("matchFields"))
         for term in terms
@@ -280,7 +237,7 @@ def covering_pdbs(pod: Mapping[str, Any], pdbs: Iterable[Mapping[str, Any]]) -> 
         str((pdb.get("metadata") or {}).get("name"))
         for pdb in pdbs
         if ((pdb.get("metadata") or {}).get("namespace") or "default") == namespace
-        and selector_matches((pdb.get("spec") or {}).get("selector"), labels)
+        and selects((pdb.get("spec") or {}).get("selector"), labels)
     ]
 
 
@@ -307,7 +264,8 @@ def node_skip(node: str, snapshot: Snapshot, workers: Sequence[Allocation], now:
     if cordoned(node_obj):
         return Skip(node, SkipReason.CORDONED, f"node {node} is cordoned")
     if do_not_disrupt(node_obj):
-        return Skip(node, SkipReason.DO_NOT_DISRUPT, f"node {node} is labelled {DO_NOT_DISRUPT_LABEL}=true")
+        return Skip(node, SkipReason.DO_NOT_DISRUPT,
+                    f"node {node} is labelled {SCHEDULING_DO_NOT_DISRUPT}=true")
     pods = [p for p in snapshot.pods_by_node.get(node, ()) if _live(p)]
     worker_keys = {a.pod_key for a in workers}
     by_key = {pod_key(p): p for p in pods}

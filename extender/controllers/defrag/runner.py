@@ -14,7 +14,6 @@ candidates and the empty nodes) whenever another node fits, so replacements land
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import functools
 import logging
@@ -24,6 +23,9 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from extender.common.contract import GPU_POOL
+from extender.common.labels import MANUAL_DEFRAG
+from extender.common.tasks import cancel_and_wait
+from extender.common.timefmt import parse_time
 from extender.controllers import Leader
 from extender.controllers.capacity.config import DEFAULT_MANUAL_WINDOW
 from extender.controllers.defrag.config import (
@@ -44,12 +46,10 @@ from extender.controllers.defrag.plan import (
     plan_pool,
     pool_nodes,
 )
-from extender.planning.pool import parse_time
 from extender.scheduling.state import ClusterState, FilterOutcome
 
 log = logging.getLogger(__name__)
 
-MANUAL_TRIGGER_ANNOTATION = "tensor-fusion.ai/manual-defrag"
 MANUAL_TRIGGER_WINDOW = dt.timedelta(seconds=DEFAULT_MANUAL_WINDOW)  # as compaction's manual trigger
 EVICTION_RETRY_SECONDS = 2.0
 POLL_SECONDS = 0.5
@@ -105,7 +105,7 @@ class RunResult:
 def manual_trigger(pool: Mapping[str, Any], now: dt.datetime, window: dt.timedelta = MANUAL_TRIGGER_WINDOW
                    ) -> str | None:
     """The manual-trigger annotation's value when it holds a timestamp within ``window`` of now."""
-    raw = ((pool.get("metadata") or {}).get("annotations") or {}).get(MANUAL_TRIGGER_ANNOTATION)
+    raw = ((pool.get("metadata") or {}).get("annotations") or {}).get(MANUAL_DEFRAG)
     stamp = parse_time(raw)
     return str(raw) if stamp is not None and abs(now - stamp) <= window else None
 
@@ -184,12 +184,7 @@ class Defragmenter:
             await self.cancel_runs()
 
     async def cancel_runs(self) -> None:
-        runs = list(self.runs.values())
-        for task in runs:
-            task.cancel()
-        for task in runs:
-            with contextlib.suppress(BaseException):
-                await task
+        await cancel_and_wait(self.runs.values())
 
     def due(self, pools: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], DefragConfig, Trigger]]:
         """The pools whose run starts now (a manual trigger first, then a schedule that fired)."""

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from extender.common.contract import POOL_LABEL_ON_GPU, GPURequest
+from extender.common.labels import EXPANSION_NODEPOOL, NODEPOOL_LABEL
 from extender.controllers.expansion.fit import empty_copy_fits
 from extender.controllers.expansion.inflight import InFlight
-from extender.controllers.expansion.karpenter import NODEPOOL_ANNOTATION, nodepool_choice, pool_nodepools
+from extender.controllers.expansion.karpenter import nodepool_choice, pool_nodepools
 from extender.controllers.expansion.nodeclaim import (
-    NODEPOOL_LABEL,
     ClaimError,
     build_nodeclaim,
     build_nodeclaim_from_nodepool,
@@ -197,7 +197,7 @@ def _from_nodepool(pod: Mapping[str, Any], request: GPURequest, candidates: Sequ
     if not nodepools:
         return LeaveToKarpenter(
             f"none of the {len(candidates)} candidate nodes has GPUs of pool {request.pool} and no NodePool "
-            f"is configured for it (GPUPool annotation {NODEPOOL_ANNOTATION}, or a NodePool whose template "
+            f"is configured for it (GPUPool annotation {EXPANSION_NODEPOOL}, or a NodePool whose template "
             f"labels carry {POOL_LABEL_ON_GPU}: {request.pool}), so the expander cannot grow it from zero")
     problems: list[str] = []
     for nodepool in nodepools:

@@ -20,23 +20,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.common.contract import POOL_LABEL_ON_GPU
-from extender.controllers.expansion.nodeclaim import (
+from extender.common.labels import (
+    EXPANSION_INSTANCE_TYPE,
     EXPANSION_LABEL,
+    EXPANSION_NODEPOOL,
+    GFD_PRODUCT,
+    GPU_NODE_LABEL,
     INSTANCE_TYPE,
     NODEPOOL_LABEL,
-    pod_accepts_claim,
+    UNREGISTERED_TAINT,
 )
+from extender.controllers.expansion.nodeclaim import pod_accepts_claim
 from extender.scheduling.inventory import GPUDevice, gpus_from_node_labels, has_gfd_labels
 
 NOMINATED_REASON = "Nominated"
 _NOMINATED_CLAIM = re.compile(r"nodeclaim/([a-z0-9]([-a-z0-9.]*[a-z0-9])?)")
 
 # GPUPool annotations for growing a pool that has no GPU node yet (scale from zero).
-NODEPOOL_ANNOTATION = "tensor-fusion.ai/expansion-nodepool"
-INSTANCE_TYPE_ANNOTATION = "tensor-fusion.ai/expansion-instance-type"
 
 WHEN_EMPTY_OR_UNDERUTILIZED = "WhenEmptyOrUnderutilized"
-GPU_NODE_LABEL = "tensor-fusion.ai/gpu-node"
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -104,7 +106,6 @@ def claim_devices(claim: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]],
     return []
 
 
-UNREGISTERED_TAINT = "karpenter.sh/unregistered"
 
 
 def node_usable(node: Mapping[str, Any]) -> bool:
@@ -137,7 +138,7 @@ def pool_nodepools(gpupool: Mapping[str, Any] | None, pool: str,
     """The NodePools a GPU pool grows from: the one its annotation names, else those whose template labels
     put nodes in the pool (``tensor-fusion.ai/gpupool: <pool>``), by name."""
     annotations = _meta(gpupool).get("annotations") or {} if gpupool else {}
-    named = str(annotations.get(NODEPOOL_ANNOTATION) or "")
+    named = str(annotations.get(EXPANSION_NODEPOOL) or "")
     found = [np for np in nodepools
              if (str(_meta(np).get("name")) == named if named
                  else template_labels(np).get(POOL_LABEL_ON_GPU) == pool)]
@@ -174,10 +175,10 @@ def nodepool_choice(gpupool: Mapping[str, Any] | None, pool: str,
         return (f"NodePool {name}: its template puts nodes in GPU pool {labels[POOL_LABEL_ON_GPU]} "
                 f"({POOL_LABEL_ON_GPU}), not {pool}")
     annotations = _meta(gpupool).get("annotations") or {} if gpupool else {}
-    instance_type = str(annotations.get(INSTANCE_TYPE_ANNOTATION) or "") or _single_instance_type(nodepool)
+    instance_type = str(annotations.get(EXPANSION_INSTANCE_TYPE) or "") or _single_instance_type(nodepool)
     devices = gpus_from_node_labels(f"{name}-new", labels, pool)
     if not devices:
-        return f"NodePool {name}: GPU product {labels.get('nvidia.com/gpu.product')!r} is not a known model"
+        return f"NodePool {name}: GPU product {labels.get(GFD_PRODUCT)!r} is not a known model"
     return NodePoolChoice(nodepool, instance_type, tuple(devices))
 
 

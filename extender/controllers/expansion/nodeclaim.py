@@ -7,21 +7,25 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-KARPENTER_GROUP = "karpenter.sh"
-NODECLAIM_API_VERSION = "karpenter.sh/v1"
-NODEPOOL_LABEL = "karpenter.sh/nodepool"
-DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+from extender.common.labels import (
+    DO_NOT_DISRUPT,
+    EXPANSION_LABEL,
+    EXPANSION_POD_ANNOTATION,
+    EXPANSION_POD_UID_LABEL,
+    EXPANSION_TEMPLATE_NODE,
+    INSTANCE_TYPE,
+    NODEPOOL_HASH,
+    NODEPOOL_HASH_VERSION,
+    NODEPOOL_LABEL,
+    REGION,
+    ZONE,
+)
+from extender.kube.resources import NODECLAIMS, NODEPOOLS
+
 # Karpenter compares these with the NodePool's to detect drift; copy them as Karpenter's own claims have them.
-NODEPOOL_HASH_ANNOTATIONS = ("karpenter.sh/nodepool-hash", "karpenter.sh/nodepool-hash-version")
-INSTANCE_TYPE = "node.kubernetes.io/instance-type"
-ZONE = "topology.kubernetes.io/zone"
-REGION = "topology.kubernetes.io/region"
+NODEPOOL_HASH_ANNOTATIONS = (NODEPOOL_HASH, NODEPOOL_HASH_VERSION)
 NARROWED_KEYS = (ZONE, REGION)
 
-EXPANSION_LABEL = "tensor-fusion.ai/expansion"
-EXPANSION_POD_UID_LABEL = "tensor-fusion.ai/expansion-pod-uid"
-EXPANSION_POD_ANNOTATION = "tensor-fusion.ai/expansion-pod"
-TEMPLATE_NODE_ANNOTATION = "tensor-fusion.ai/expansion-template-node"
 
 _FROM_TEMPLATE_CLAIM = ("nodeClassRef", "taints", "startupTaints", "expireAfter", "terminationGracePeriod",
                         "resources")
@@ -165,7 +169,7 @@ def build_nodeclaim(nodepool: Mapping[str, Any], template_claim: Mapping[str, An
     if not instance_type:
         raise ClaimError(f"template node {node_name} has no {INSTANCE_TYPE} label")
     return _claim(nodepool, template_claim.get("spec") or {}, str(_metadata(template_claim).get("name")),
-                  pod, str(instance_type), expansion_id, {TEMPLATE_NODE_ANNOTATION: node_name})
+                  pod, str(instance_type), expansion_id, {EXPANSION_TEMPLATE_NODE: node_name})
 
 
 def build_nodeclaim_from_nodepool(nodepool: Mapping[str, Any], pod: Mapping[str, Any],
@@ -216,9 +220,9 @@ def _claim(nodepool: Mapping[str, Any], claim_spec: Mapping[str, Any], claim_nam
                                 "annotations": annotations}
     if _metadata(nodepool).get("uid"):
         # Like Karpenter's own claims: deleting the NodePool deletes the claim.
-        metadata["ownerReferences"] = [{"apiVersion": NODECLAIM_API_VERSION, "kind": "NodePool",
+        metadata["ownerReferences"] = [{"apiVersion": NODEPOOLS.api_version, "kind": "NodePool",
                                         "name": pool_name, "uid": str(_metadata(nodepool)["uid"])}]
-    return {"apiVersion": NODECLAIM_API_VERSION, "kind": "NodeClaim", "metadata": metadata, "spec": spec}
+    return {"apiVersion": NODECLAIMS.api_version, "kind": "NodeClaim", "metadata": metadata, "spec": spec}
 
 
 def pod_constraint_keys(pod: Mapping[str, Any]) -> set[str]:

@@ -21,23 +21,24 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
-from extender.common.contract import GPURequest
+from extender.common.contract import POOL_LABEL, GPURequest
+from extender.common.labels import (
+    APP_MANAGED_BY,
+    NVIDIA_GPU,
+    PLACEHOLDER_FOR,
+    PLACEHOLDER_FOR_UID,
+    PLACEHOLDER_LABEL,
+    PLACEHOLDER_TEMPLATE,
+    RESERVATION_LABEL,
+    RESERVED_GPU,
+    SAFE_TO_EVICT,
+)
 from extender.common.quantity import Format, QuantityError, format_quantity, parse_quantity
 
-NVIDIA_GPU = "nvidia.com/gpu"
-MANAGED_BY = "app.kubernetes.io/managed-by"
 COMPONENT = "tensor-fusion-extender"
-POOL_LABEL = "tensor-fusion.ai/gpupool"
 
-PLACEHOLDER_LABEL = "tensor-fusion.ai/placeholder"
-PLACEHOLDER_FOR = "tensor-fusion.ai/placeholder-for"  # annotation: namespace/name of the pending pod
-PLACEHOLDER_FOR_UID = "tensor-fusion.ai/placeholder-for-uid"  # label: its uid
-PLACEHOLDER_TEMPLATE = "tensor-fusion.ai/placeholder-template"  # annotation: the node it copies
 
-RESERVATION_LABEL = "tensor-fusion.ai/gpu-reservation"
-RESERVED_GPU = "tensor-fusion.ai/reserved-gpu"  # annotation: the GPU's name
 
-SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 MAX_NAME = 63
 
 
@@ -113,7 +114,7 @@ def _base_pod(name: str, namespace: str, image: str, priority_class: str,
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace,
-                     "labels": {MANAGED_BY: COMPONENT, **labels}, "annotations": dict(annotations)},
+                     "labels": {APP_MANAGED_BY: COMPONENT, **labels}, "annotations": dict(annotations)},
         "spec": {
             "priorityClassName": priority_class,
             "terminationGracePeriodSeconds": 0,

@@ -10,12 +10,13 @@ from typing import Any
 
 from kubernetes import client
 
-from extender.controllers.expansion.placeholder_pods import PLACEHOLDER_LABEL
+from extender.common.labels import PLACEHOLDER_LABEL
+from extender.common.tasks import cancel_and_wait
 from extender.controllers.expansion.placeholders import Placeholders
 from extender.controllers.expansion.port import KubeExpansionPort
 from extender.controllers.expansion.provisioner import AutoscalerConfig
 from extender.controllers.expansion.worker import Expander
-from extender.kube.client import api_call, error_status, request_json
+from extender.kube.client import api_call, not_found, request_json
 from extender.kube.informer import WatchCache
 from extender.kube.resources import PODS, PRIORITY_CLASSES, collection_path, object_path
 from extender.scheduling.inventory import GPUDevice
@@ -39,7 +40,7 @@ class KubePodWriter:
             await api_call(request_json, self.api_client, "DELETE", object_path(PODS, name, namespace),
                            body={k: v for k, v in body.items() if v is not None})
         except Exception as exc:
-            if error_status(exc) != 404:
+            if not not_found(exc):
                 raise
 
 
@@ -63,9 +64,7 @@ class KubePlaceholderPort(KubePodWriter):
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await cancel_and_wait([self._task])
         self._task = None
 
     def node(self, name: str) -> Mapping[str, Any] | None:
@@ -91,7 +90,7 @@ class KubePlaceholderPort(KubePodWriter):
                 found: dict[str, Any] = await api_call(request_json, self.api_client, "GET",
                                                        object_path(PRIORITY_CLASSES, self._priority_class))
             except Exception as exc:
-                if error_status(exc) == 404:
+                if not_found(exc):
                     raise LookupError(f"PriorityClass {self._priority_class} is not installed "
                                       "(manifests/priorityclasses.yaml)") from exc
                 raise

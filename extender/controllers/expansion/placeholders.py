@@ -22,15 +22,13 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from extender.common.contract import GPURequest
+from extender.common.contract import GPU_POOL, GPURequest
+from extender.common.labels import PLACEHOLDER_FOR, PLACEHOLDER_FOR_UID, PLACEHOLDER_TEMPLATE
 from extender.controllers.expansion.decide import skip_reason
 from extender.controllers.expansion.detect import REASON_COMPLETED, REASON_FAILED
 from extender.controllers.expansion.fit import choose, empty_copy, empty_copy_fits, take
 from extender.controllers.expansion.inflight import PodRef
 from extender.controllers.expansion.placeholder_pods import (
-    PLACEHOLDER_FOR,
-    PLACEHOLDER_FOR_UID,
-    PLACEHOLDER_TEMPLATE,
     constraints_key,
     describe_requests,
     node_cpu_memory,
@@ -291,4 +289,4 @@ class Placeholders:
 
 
 def _pool_of(pod: Mapping[str, Any]) -> str:
-    return str(((pod.get("metadata") or {}).get("annotations") or {}).get("tensor-fusion.ai/gpupool") or "")
+    return str(((pod.get("metadata") or {}).get("annotations") or {}).get(GPU_POOL) or "")

@@ -13,12 +13,13 @@ from typing import Any
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
+from extender.common.tasks import cancel_and_wait
 from extender.controllers.expansion.config import ExpansionConfig
 from extender.controllers.expansion.fit import device_of
 from extender.controllers.expansion.karpenter import node_usable
 from extender.controllers.expansion.metrics import ExpansionMetrics
 from extender.controllers.expansion.worker import Expander, RunnableLeader
-from extender.kube.client import api_call, error_status, request_json
+from extender.kube.client import api_call, get_or_none, request_json
 from extender.kube.events import EventRecorder
 from extender.kube.informer import DELETED, WatchCache
 from extender.kube.resources import (
@@ -96,11 +97,7 @@ class KubeExpansionPort:
                                    sync_timeout)
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks = []
 
     # -- cached reads -----------------------------------------------------------------------------
@@ -143,14 +140,7 @@ class KubeExpansionPort:
         self._recorder.record(dict(obj), reason, message, type_)
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            pod: dict[str, Any] = await api_call(request_json, self.api_client, "GET",
-                                                 object_path(PODS, name, namespace))
-        except Exception as exc:
-            if error_status(exc) == 404:
-                return None
-            raise
-        return pod
+        return await get_or_none(self.api_client, object_path(PODS, name, namespace))
 
     async def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]:
         """The events on one pod (core/v1), e.g. Karpenter's Nominated."""

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from extender.common.labels import NODE_PROVISIONER
 from extender.controllers.expansion.config import DEFAULT_NAMESPACE, ENV_POD_NAMESPACE, _env_bool
 
-POOL_ANNOTATION = "tensor-fusion.ai/node-provisioner"
 DEFAULT_IMAGE = "registry.k8s.io/pause:3.10"
 DEFAULT_SCHEDULER = "default-scheduler"
 PLACEHOLDER_PRIORITY_CLASS = "tensor-fusion-placeholder"
@@ -36,7 +36,7 @@ def pool_provisioner(gpupool: Mapping[str, Any] | None, default: Provisioner) ->
     """The pool's ``tensor-fusion.ai/node-provisioner`` annotation, else ``default``; unknown values count
     as unset."""
     annotations = ((gpupool or {}).get("metadata") or {}).get("annotations") or {}
-    raw = str(annotations.get(POOL_ANNOTATION, "")).strip().lower()
+    raw = str(annotations.get(NODE_PROVISIONER, "")).strip().lower()
     try:
         return Provisioner(raw)
     except ValueError:
@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         default=env.get(ENV_PROVISIONER, Provisioner.AUTO.value),
         help="who grows GPU nodes for capacity-only failures: auto (a Karpenter NodeClaim when a template "
              "node owned by Karpenter exists, else a placeholder pod for the Cluster Autoscaler), karpenter, "
-             f"or cluster-autoscaler; a GPUPool annotation {POOL_ANNOTATION} overrides it per pool "
+             f"or cluster-autoscaler; a GPUPool annotation {NODE_PROVISIONER} overrides it per pool "
              f"(env {ENV_PROVISIONER})")
     group.add_argument(
         "--gpu-reservations", dest="gpu_reservations", action=argparse.BooleanOptionalAction,

@@ -24,12 +24,9 @@ from typing import Any
 from kubernetes import client
 from prometheus_client import CollectorRegistry, Gauge
 
-from extender.controllers.expansion.placeholder_pods import (
-    RESERVATION_LABEL,
-    RESERVED_GPU,
-    advertised_gpus,
-    reservation_body,
-)
+from extender.common.labels import RESERVATION_LABEL, RESERVED_GPU
+from extender.common.tasks import cancel_and_wait
+from extender.controllers.expansion.placeholder_pods import advertised_gpus, reservation_body
 from extender.controllers.expansion.placeholder_port import KubePodWriter
 from extender.controllers.expansion.provisioner import AutoscalerConfig
 from extender.kube.informer import WatchCache
@@ -146,9 +143,7 @@ class ReservationKeeper:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), POLL_SECONDS)
         finally:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await watch
+            await cancel_and_wait([watch])
 
     async def reconcile(self) -> ReservationPlan:
         want = wanted(self.state.held_gpus(), self.nodes.get)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from extender.common.contract import GPURequest, parse_request
+from extender.common.labels import EXPANSION_LABEL, EXPANSION_TEMPLATE_NODE, INSTANCE_TYPE, NODEPOOL_LABEL
+from extender.common.tasks import cancel_and_wait
 from extender.controllers.expansion.config import ExpansionConfig
 from extender.controllers.expansion.decide import (
     ClusterView,
@@ -49,12 +51,6 @@ from extender.controllers.expansion.karpenter import (
     still_coming,
 )
 from extender.controllers.expansion.metrics import ExpansionMetrics
-from extender.controllers.expansion.nodeclaim import (
-    EXPANSION_LABEL,
-    INSTANCE_TYPE,
-    NODEPOOL_LABEL,
-    TEMPLATE_NODE_ANNOTATION,
-)
 from extender.controllers.expansion.placeholders import Placeholders
 from extender.controllers.expansion.provisioner import Provisioner
 from extender.scheduling.state import FilterOutcome
@@ -268,9 +264,7 @@ class Expander:
                     await asyncio.wait_for(self._wake.wait(), self._sleep_for())
                 self._wake.clear()
         finally:
-            leader_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await leader_task
+            await cancel_and_wait([leader_task])
             if self.placeholders is not None:
                 await self.placeholders.stop()
             await self.port.stop()
@@ -324,7 +318,7 @@ class Expander:
             status = claim.get("status") or {}
             if self.port.node_arrived(str(status.get("nodeName") or ""), str(status.get("providerID") or "")):
                 continue
-            template = str((meta.get("annotations") or {}).get(TEMPLATE_NODE_ANNOTATION) or "")
+            template = str((meta.get("annotations") or {}).get(EXPANSION_TEMPLATE_NODE) or "")
             self.inflight.add(name, claim, list(self.port.node_gpus(template)) if template else [], now)
 
     def track_karpenter_claims(self) -> None:

@@ -1,0 +1,48 @@
+"""The two time formats of Kubernetes objects: Go durations and RFC 3339 timestamps.
+
+One rule for bad input each: :func:`parse_duration` raises ``ValueError`` (a setting that cannot be read is
+the user's to fix, and the caller says which setting); :func:`parse_time` answers None (a timestamp that
+cannot be read counts as absent, as an unset one does).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+# Go's time.ParseDuration units, and its number forms: "1", "1.5", "1." and ".5".
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
+                 "h": 3600.0}
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    """A Go duration (``5m``, ``1h30m``, ``1.5h``, ``250ms``); surrounding spaces are ignored.
+
+    Every part needs a unit, so a bare number (``5``, even ``0``) is refused; so is a sign: nothing here
+    takes a negative duration. ``ValueError`` for anything else that is not a duration.
+    """
+    raw = text.strip()
+    position, seconds = 0, 0.0
+    for match in _DURATION_PART.finditer(raw):
+        if match.start() != position:
+            break
+        seconds += float(match[1]) * _UNIT_SECONDS[match[2]]
+        position = match.end()
+    if not raw or position != len(raw):
+        raise ValueError(f"{text!r} is not a duration like 90s, 5m or 1h30m")
+    return dt.timedelta(seconds=seconds)
+
+
+def parse_time(value: object) -> dt.datetime | None:
+    """An RFC 3339 timestamp (``Z`` or an offset; surrounding spaces ignored) as an aware datetime.
+
+    One without an offset is taken as UTC. None for anything else: not a string, blank, or unreadable.
+    """
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
