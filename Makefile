@@ -23,7 +23,7 @@ lint: venv
 	$(BIN)/ruff check .
 
 typecheck: venv
-	$(BIN)/mypy extender webhook certs
+	$(BIN)/mypy extender webhook certs tools
 
 unit: venv
 	$(BIN)/pytest -m "not e2e" $(XDIST) $(PYTEST_ARGS)
