@@ -1,14 +1,11 @@
-"""One active expander per cluster: a coordination.k8s.io Lease held while expanding.
+"""A coordination.k8s.io Lease, the way the process's leader holds it (``controllers.leadership``).
 
 ``lease_action`` decides (pure); ``LeaseKeeper`` reads and writes the Lease.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import datetime as dt
-import logging
 import time
 from collections.abc import Callable, Mapping
 from enum import Enum
@@ -17,9 +14,7 @@ from typing import Any
 from kubernetes import client
 
 from extender.common.timefmt import parse_time
-from extender.kube.client import api_call, error_message, error_status, get_or_none, request_json
-
-log = logging.getLogger(__name__)
+from extender.kube.client import api_call, error_status, get_or_none, request_json
 
 _MICROTIME = "%Y-%m-%dT%H:%M:%S.%fZ"
 
@@ -78,7 +73,8 @@ def released_body(current: Mapping[str, Any], now: dt.datetime) -> dict[str, Any
 
 
 class LeaseKeeper:
-    """Takes and renews the Lease; ``is_leader`` is true only while the last renewal is fresh."""
+    """Takes, renews and releases one Lease; ``is_leader`` is true only while the last renewal is fresh.
+    The renewal loop is ``controllers.leadership.Leadership``'s, one for every Lease of the process."""
 
     def __init__(self, api_client: client.ApiClient, name: str, namespace: str, identity: str, *,
                  duration_seconds: float = 15.0, renew_seconds: float = 5.0,
@@ -91,7 +87,6 @@ class LeaseKeeper:
         self.renew_seconds = renew_seconds
         self._clock = clock
         self._renewed_at: float | None = None
-        self.changed = asyncio.Event()
 
     @property
     def path(self) -> str:
@@ -102,26 +97,6 @@ class LeaseKeeper:
         # A margin below the duration so two replicas never both think they hold it.
         return (self._renewed_at is not None
                 and self._clock() - self._renewed_at < self.duration_seconds * 0.8)
-
-    async def run(self) -> None:
-        """Try to take or renew the Lease every ``renew_seconds`` until cancelled; release on the way out."""
-        try:
-            while True:
-                was_leader = self.is_leader
-                try:
-                    await self.try_acquire()
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    log.warning("expander lease not renewed", extra={"error": error_message(exc)})
-                if was_leader != self.is_leader:
-                    log.info("expander lease %s", "acquired" if self.is_leader else "lost",
-                             extra={"lease": f"{self.namespace}/{self.name}", "identity": self.identity})
-                    self.changed.set()
-                await asyncio.sleep(self.renew_seconds)
-        finally:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self.release())
 
     async def try_acquire(self) -> bool:
         started = self._clock()
