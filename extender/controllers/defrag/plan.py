@@ -31,6 +31,7 @@ from typing import Any
 
 from extender.common.contract import GPU_IDS, NATIVE_GPU_RESOURCES, POD_INDEX
 from extender.common.labels import SCHEDULING_DO_NOT_DISRUPT
+from extender.common.pods import TERMINAL_PHASES
 from extender.common.timefmt import parse_time
 from extender.controllers.defrag.config import DefragConfig, DefragConfigError, parse_config
 from extender.kube.selectors import expression_selects, selects
@@ -41,7 +42,6 @@ from extender.scheduling.ledger import Allocation
 from extender.scheduling.state import ClusterState, PlacementError, Reservation, pod_key
 
 SIMULATION_UID_PREFIX = "defrag-simulation/"
-TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
 class SkipReason(StrEnum):
