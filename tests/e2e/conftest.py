@@ -22,7 +22,7 @@ Fixtures (all session scoped unless noted):
 - ``webhook``        ``tf-webhook serve`` on loopback with a serving certificate from
                       ``tf-certs generate``, the shipped MutatingWebhookConfiguration (clientConfig.url
                       pointed at it, caBundle set by ``tf-certs patch-webhook``), the shipped
-                      PriorityClasses, the tensor-fusion-system namespace and a default GPUPool
+                      PriorityClasses, the tensor-fusion-sys namespace and a default GPUPool
                       (``.default_pool``); a WebhookServer
 - ``extender_runner`` ExtenderRunner owning the one ``tf-extender serve`` on ``extender_port``:
                       ensure(**flags) (re)starts it only when the flags differ, kill() (SIGKILL),

@@ -373,7 +373,7 @@ def _local(
 def sa_kubeconfig(cp: cpl.ControlPlane, name: str) -> Path:
     """A kubeconfig with a token of ServiceAccount NS/name from the TokenRequest API (the ServiceAccount the
     chart created), so the chart's RBAC bindings decide what it may do. (A client certificate cannot carry
-    system:serviceaccount:tensor-fusion-system:tensor-fusion-scheduler: a CN has at most 64 characters.)"""
+    system:serviceaccount:tensor-fusion-sys:tensor-fusion-scheduler: a CN has at most 64 characters.)"""
     core = client.CoreV1Api(cp.api_client())
     token = core.create_namespaced_service_account_token(
         name, NS, {"spec": {"expirationSeconds": 3600}}
@@ -642,5 +642,5 @@ def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):
 def test_another_namespace_reaches_every_namespaced_reference(helm):
     out = _run(helm, "template", RELEASE, CHART, "--namespace", "gpu-system").stdout
     objects = json.dumps([d for d in yaml.safe_load_all(out) if d])  # without the comments
-    assert "tensor-fusion-system" not in objects
+    assert "tensor-fusion-sys" not in objects
     assert "system:serviceaccount:gpu-system:tensor-fusion-scheduler" in objects  # the admission policies

@@ -24,7 +24,7 @@ from tests import harness as cpl
 
 pytestmark = pytest.mark.e2e
 
-PROJECT_NS = "tensor-fusion-system"
+PROJECT_NS = "tensor-fusion-sys"
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_every_manifest_passes_server_side_dry_run(dyn, project_namespace, karpe
     objs = cpl.render_kustomization(cpl.MANIFESTS)
     kinds = _kinds(objs)
     for expected in (
-        "Namespace/tensor-fusion-system",
+        "Namespace/tensor-fusion-sys",
         "ConfigMap/tensor-fusion-scheduler-config",
         "Deployment/tensor-fusion-scheduler",
         "Deployment/tensor-fusion-webhook",

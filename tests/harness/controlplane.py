@@ -21,7 +21,7 @@ import yaml
 from .pki import CertPair, make_ca, make_leaf, make_service_account_key
 from .processes import PROCESSES, ManagedProcess, ProcessRegistry, free_port, tail, wait_until
 
-PROJECT_NAMESPACE = "tensor-fusion-system"
+PROJECT_NAMESPACE = "tensor-fusion-sys"
 EXTENDER_USER = f"system:serviceaccount:{PROJECT_NAMESPACE}:tensor-fusion-scheduler"
 _EXTENDER_KUBECONFIGS: dict[str, Path] = {}  # API server URL -> kubeconfig of the extender's identity
 _EXTENDER_CLIENTS: dict[str, Any] = {}

@@ -81,7 +81,7 @@ def make_leaf(
     key = ec.generate_private_key(ec.SECP256R1())
     attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
     # RFC 5280 caps a CN at 64 characters, but ServiceAccount user names are longer (system:serviceaccount:
-    # tensor-fusion-system:tensor-fusion-scheduler has 66) and kube-apiserver takes the CN as it is.
+    # tensor-fusion-sys:tensor-fusion-scheduler has 66) and kube-apiserver takes the CN as it is.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name, _validate=len(common_name) <= 64))

@@ -123,7 +123,7 @@ def test_webhook_scope_matches_design():
     assert wh["timeoutSeconds"] == 10
     assert wh["namespaceSelector"] == {
         "matchExpressions": [
-            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["tensor-fusion-system"]}
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["tensor-fusion-sys"]}
         ]
     }
     dep = find("Deployment", "tensor-fusion-webhook")

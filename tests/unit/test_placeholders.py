@@ -28,7 +28,7 @@ from extender.controllers.expansion.provisioner import AutoscalerConfig, Provisi
 from extender.controllers.expansion.worker import Expander
 from extender.scheduling.state import FilterOutcome
 
-NS = "tensor-fusion-system"
+NS = "tensor-fusion-sys"
 FITS = FilterOutcome(["n1"], {}, {}, None, False)
 OWNER = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
          "metadata": {"name": "tensor-fusion-placeholder", "uid": "pc-uid"}}

@@ -12,7 +12,7 @@ from extender.common.labels import NVIDIA_GPU, RESERVATION_LABEL, RESERVED_GPU, 
 from extender.controllers.expansion.placeholder_pods import reservation_body, reservation_name
 from extender.controllers.expansion.reservations import plan, wanted
 
-NS = "tensor-fusion-system"
+NS = "tensor-fusion-sys"
 
 
 def node(name: str, gpus: str | None = "4") -> dict[str, Any]:

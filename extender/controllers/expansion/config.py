@@ -12,7 +12,7 @@ from extender.controllers import LEADER_LEASE
 DEFAULT_DELAY_SECONDS = 10.0
 DEFAULT_MAX_IN_FLIGHT = 15
 DEFAULT_CLAIM_TIMEOUT_SECONDS = 900.0
-DEFAULT_NAMESPACE = "tensor-fusion-system"
+DEFAULT_NAMESPACE = "tensor-fusion-sys"
 DEFAULT_SCHEDULER_NAME = "tensor-fusion-scheduler"
 
 ENV_ENABLED = "TF_EXPANSION_ENABLED"
