@@ -265,7 +265,7 @@ def test_values_reach_the_objects_and_every_command_line_is_valid(helm):
     )
     assert (args.expansion_enabled, args.write_gpu_status) == (False, False)
     # auto: TensorFusion's own controller (GPUNode API served) owns GPU status
-    tf = render(helm, "--api-versions", "tensor-fusion.ai/v1/GPUNode")
+    tf = render(helm, "--api-versions", "tensor-fusion.ai/v1/TensorFusionConnection")
     assert (
         "--write-gpu-status"
         not in _container(tf, "Deployment", "tensor-fusion-scheduler", "extender")["command"]
