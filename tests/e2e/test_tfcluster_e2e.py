@@ -34,7 +34,10 @@ KWOK_CLASS = {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "version": 
 
 
 @pytest.fixture
-def tf_extender(gpu_cluster: Any, extender_runner: cpl.ExtenderRunner, karpenter_crds: Any) -> cpl.ExtenderRunner:
+def tf_extender(
+    cluster: Any, webhook: Any, extender_runner: cpl.ExtenderRunner, karpenter_crds: Any
+) -> cpl.ExtenderRunner:
+    # not through the ``extender`` fixture, which would first start it with the default flags
     extender_runner.ensure(tensorfusion_cluster_interval=5, gpu_node_interval=1, capacity_interval=1)
     return extender_runner
 
@@ -54,9 +57,15 @@ def _get(custom: client.CustomObjectsApi, plural: str, name: str) -> dict[str, A
 
 
 def _events(api_client: Any, kind: str, name: str, reason: str) -> list[Any]:
-    return [e for e in client.CoreV1Api(api_client).list_namespaced_event(
-        "default", field_selector=f"involvedObject.kind={kind},involvedObject.name={name}").items
-        if e.reason == reason]
+    return [
+        e
+        for e in client.CoreV1Api(api_client)
+        .list_namespaced_event(
+            "default", field_selector=f"involvedObject.kind={kind},involvedObject.name={name}"
+        )
+        .items
+        if e.reason == reason
+    ]
 
 
 def _wait(predicate: Callable[[], Any], what: str, timeout: float = 60) -> Any:
@@ -69,8 +78,12 @@ def _conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
 
 def _table(api_client: Any, plural: str, name: str) -> dict[str, Any]:
     """What ``kubectl get <plural> <name>`` prints: the server-side Table with the CRD's printer columns."""
-    request = api_client.param_serialize(method="GET", resource_path=f"/apis/{G}/{V}/{plural}/{name}",
-                                         header_params={"Accept": TABLE}, auth_settings=["BearerToken"])
+    request = api_client.param_serialize(
+        method="GET",
+        resource_path=f"/apis/{G}/{V}/{plural}/{name}",
+        header_params={"Accept": TABLE},
+        auth_settings=["BearerToken"],
+    )
     response = api_client.call_api(*request)
     response.read()
     data = json.loads(response.data)
@@ -87,8 +100,17 @@ def make_cluster(custom: client.CustomObjectsApi) -> Iterator[Callable[..., str]
         spec: dict[str, Any] = {"gpuPools": pools}
         if vendor:
             spec["computingVendor"] = {"name": "local", "type": vendor}
-        custom.create_cluster_custom_object(G, V, "tensorfusionclusters", {
-            "apiVersion": f"{G}/{V}", "kind": "TensorFusionCluster", "metadata": {"name": name}, "spec": spec})
+        custom.create_cluster_custom_object(
+            G,
+            V,
+            "tensorfusionclusters",
+            {
+                "apiVersion": f"{G}/{V}",
+                "kind": "TensorFusionCluster",
+                "metadata": {"name": name},
+                "spec": spec,
+            },
+        )
         made.append(name)
         return name
 
@@ -99,14 +121,21 @@ def make_cluster(custom: client.CustomObjectsApi) -> Iterator[Callable[..., str]
 
 
 def test_a_tensorfusioncluster_derives_updates_overwrites_and_deletes_its_gpupools(
-        api_client, tf_extender, custom, make_cluster):
+    api_client, tf_extender, custom, make_cluster
+):
     shared = {"schedulingConfigTemplate": "tf-scheduling-config"}
-    big = {"nodeManagerConfig": {"provisioningMode": "Karpenter",
-                                 "nodeProvisioner": {"karpenterNodeClassRef": KWOK_CLASS}},
-           "capacityConfig": {"maxResources": {"tflops": "1000"}}}
-    name = make_cluster([{"name": "shared", "isDefault": True, "specTemplate": shared},
-                         {"name": "big", "specTemplate": big}])
+    big = {
+        "nodeManagerConfig": {
+            "provisioningMode": "Karpenter",
+            "nodeProvisioner": {"karpenterNodeClassRef": KWOK_CLASS},
+        },
+        "capacityConfig": {"maxResources": {"tflops": "1000"}},
+    }
+    name = make_cluster(
+        [{"name": "shared", "isDefault": True, "specTemplate": shared}, {"name": "big", "specTemplate": big}]
+    )
     cluster = custom.get_cluster_custom_object(G, V, "tensorfusionclusters", name)
+
     def both() -> list[dict[str, Any]] | None:
         found = [_get(custom, "gpupools", f"{name}-{entry}") for entry in ("shared", "big")]
         return found if all(found) else None  # type: ignore[return-value]
@@ -116,66 +145,126 @@ def test_a_tensorfusioncluster_derives_updates_overwrites_and_deletes_its_gpupoo
     # the pool's spec is the template as the API server stored it (the same schema, the same defaults)
     stored = {e["name"]: e["specTemplate"] for e in cluster["spec"]["gpuPools"]}
     assert stored["big"]["nodeManagerConfig"]["defaultIsolationMode"] == "soft"  # a default, on both
-    for pool, template, default in ((f"{name}-shared", stored["shared"], "true"),
-                                    (f"{name}-big", stored["big"], "false")):
+    for pool, template, default in (
+        (f"{name}-shared", stored["shared"], "true"),
+        (f"{name}-big", stored["big"], "false"),
+    ):
         meta = by_name[pool]["metadata"]
         assert meta["labels"][MANAGED_BY] == name
         assert meta["annotations"][DEFAULT_POOL] == default
         (owner,) = meta["ownerReferences"]
         assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
-            "TensorFusionCluster", name, cluster["metadata"]["uid"], True)
+            "TensorFusionCluster",
+            name,
+            cluster["metadata"]["uid"],
+            True,
+        )
         assert by_name[pool]["spec"] == template
-    ready = _wait(lambda: (c := _get(custom, "tensorfusionclusters", name)) and
-                  (c.get("status") or {}).get("phase") == "Running" and c, "the cluster Running")
+    ready = _wait(
+        lambda: (
+            (c := _get(custom, "tensorfusionclusters", name))
+            and (c.get("status") or {}).get("phase") == "Running"
+            and c
+        ),
+        "the cluster Running",
+    )
     conditions = _conditions(ready)
     assert {t: conditions[t]["status"] for t in ("Ready", "GPUPoolReady", "CloudVendorConnectionReady")} == {
-        "Ready": "True", "GPUPoolReady": "True", "CloudVendorConnectionReady": "True"}
+        "Ready": "True",
+        "GPUPoolReady": "True",
+        "CloudVendorConnectionReady": "True",
+    }
     assert ready["status"]["totalPools"] == 2
     assert sorted(ready["status"]["readyGPUPools"]) == sorted(by_name)
-    assert len(_wait(lambda: len(_events(api_client, "TensorFusionCluster", name, "GPUPoolCreated")) >= 2
-                     and _events(api_client, "TensorFusionCluster", name, "GPUPoolCreated"),
-                     "a GPUPoolCreated event per pool")) == 2
+    assert (
+        len(
+            _wait(
+                lambda: (
+                    len(_events(api_client, "TensorFusionCluster", name, "GPUPoolCreated")) >= 2
+                    and _events(api_client, "TensorFusionCluster", name, "GPUPoolCreated")
+                ),
+                "a GPUPoolCreated event per pool",
+            )
+        )
+        == 2
+    )
     row = _table(api_client, "tensorfusionclusters", name)
     assert (row["Phase"], row["Total Pools"]) == ("Running", "2")
 
     # the template changes: the pool follows
     spec = ready["spec"]
     spec["gpuPools"][0]["specTemplate"] = {"schedulingConfigTemplate": "other"}
-    custom.patch_cluster_custom_object(G, V, "tensorfusionclusters", name, {"spec": {"gpuPools": spec["gpuPools"]}})
-    _wait(lambda: (_get(custom, "gpupools", f"{name}-shared") or {}).get("spec", {}).get(
-        "schedulingConfigTemplate") == "other", "the pool updated from the template")
-    _wait(lambda: _events(api_client, "TensorFusionCluster", name, "GPUPoolUpdated"), "a GPUPoolUpdated event")
+    custom.patch_cluster_custom_object(
+        G, V, "tensorfusionclusters", name, {"spec": {"gpuPools": spec["gpuPools"]}}
+    )
+    _wait(
+        lambda: (
+            (_get(custom, "gpupools", f"{name}-shared") or {}).get("spec", {}).get("schedulingConfigTemplate")
+            == "other"
+        ),
+        "the pool updated from the template",
+    )
+    _wait(
+        lambda: _events(api_client, "TensorFusionCluster", name, "GPUPoolUpdated"), "a GPUPoolUpdated event"
+    )
 
     # a hand edit of the pool: overwritten from the template, with a warning on both objects
-    custom.patch_cluster_custom_object(G, V, "gpupools", f"{name}-shared",
-                                       {"spec": {"schedulingConfigTemplate": "by-hand", "extra": {"x": 1}}})
-    _wait(lambda: (_get(custom, "gpupools", f"{name}-shared") or {}).get("spec") == {
-        "schedulingConfigTemplate": "other"}, "the hand edit overwritten")
-    (event,) = _wait(lambda: _events(api_client, "GPUPool", f"{name}-shared", "GPUPoolOverwritten"),
-                     "a GPUPoolOverwritten event on the pool")
+    custom.patch_cluster_custom_object(
+        G,
+        V,
+        "gpupools",
+        f"{name}-shared",
+        {"spec": {"schedulingConfigTemplate": "by-hand", "extra": {"x": 1}}},
+    )
+    _wait(
+        lambda: (
+            (_get(custom, "gpupools", f"{name}-shared") or {}).get("spec")
+            == {"schedulingConfigTemplate": "other"}
+        ),
+        "the hand edit overwritten",
+    )
+    (event,) = _wait(
+        lambda: _events(api_client, "GPUPool", f"{name}-shared", "GPUPoolOverwritten"),
+        "a GPUPoolOverwritten event on the pool",
+    )
     assert event.type == "Warning" and name in event.message
     assert _events(api_client, "TensorFusionCluster", name, "GPUPoolOverwritten")
 
     # the entry goes: so does its pool
-    custom.patch_cluster_custom_object(G, V, "tensorfusionclusters", name,
-                                       {"spec": {"gpuPools": spec["gpuPools"][:1]}})
+    custom.patch_cluster_custom_object(
+        G, V, "tensorfusionclusters", name, {"spec": {"gpuPools": spec["gpuPools"][:1]}}
+    )
     _wait(lambda: _get(custom, "gpupools", f"{name}-big") is None, "the pool of the removed entry deleted")
-    _wait(lambda: _events(api_client, "TensorFusionCluster", name, "GPUPoolDeleted"), "a GPUPoolDeleted event")
+    _wait(
+        lambda: _events(api_client, "TensorFusionCluster", name, "GPUPoolDeleted"), "a GPUPoolDeleted event"
+    )
     assert _get(custom, "gpupools", f"{name}-shared") is not None
 
     # bad input: an entry that cannot be a pool, a vendor not yet supported: conditions that say so
     bad = [*spec["gpuPools"][:1], {"name": "Not_Valid", "specTemplate": {}}]
-    custom.patch_cluster_custom_object(G, V, "tensorfusionclusters", name, {"spec": {
-        "gpuPools": bad, "computingVendor": {"name": "cloud", "type": "aws"}}})
-    broken = _wait(lambda: (c := _get(custom, "tensorfusionclusters", name)) and
-                   _conditions(c).get("CloudVendorConnectionReady", {}).get("reason") == "NotYetSupported"
-                   and _conditions(c).get("GPUPoolReady", {}).get("status") == "False" and c,
-                   "conditions naming the bad entry and the vendor")
+    custom.patch_cluster_custom_object(
+        G,
+        V,
+        "tensorfusionclusters",
+        name,
+        {"spec": {"gpuPools": bad, "computingVendor": {"name": "cloud", "type": "aws"}}},
+    )
+    broken = _wait(
+        lambda: (
+            (c := _get(custom, "tensorfusionclusters", name))
+            and _conditions(c).get("CloudVendorConnectionReady", {}).get("reason") == "NotYetSupported"
+            and _conditions(c).get("GPUPoolReady", {}).get("status") == "False"
+            and c
+        ),
+        "conditions naming the bad entry and the vendor",
+    )
     conditions = _conditions(broken)
     assert "spec.gpuPools[1].name 'Not_Valid'" in conditions["GPUPoolReady"]["message"]
     assert "computingVendor.type aws" in conditions["CloudVendorConnectionReady"]["message"]
     assert broken["status"]["phase"] == "Updating" and conditions["Ready"]["status"] == "False"
-    _wait(lambda: _events(api_client, "TensorFusionCluster", name, "InvalidGPUPool"), "an InvalidGPUPool event")
+    _wait(
+        lambda: _events(api_client, "TensorFusionCluster", name, "InvalidGPUPool"), "an InvalidGPUPool event"
+    )
 
     # the cluster goes: the garbage collector takes its pools
     custom.delete_cluster_custom_object(G, V, "tensorfusionclusters", name)
@@ -183,7 +272,8 @@ def test_a_tensorfusioncluster_derives_updates_overwrites_and_deletes_its_gpupoo
 
 
 def test_a_gpunode_shows_totals_and_availability_and_goes_with_its_node(
-        api_client, tf_extender, custom, namespace, make_pool, make_gpu, make_node):
+    api_client, tf_extender, custom, namespace, make_pool, make_gpu, make_node
+):
     pool = make_pool("CompactFirst")
     name = f"gn-{uuid.uuid4().hex[:6]}"
     for i in range(2):
@@ -197,15 +287,25 @@ def test_a_gpunode_shows_totals_and_availability_and_goes_with_its_node(
                 return None
             got = _table(api_client, "gpunodes", name)
             return got if all(got.get(k) == v for k, v in want.items()) else None
+
         return check
 
     empty = _wait(row({"Phase": "Running", "Available TFlops": "200"}), "kubectl get gpunode: the new node")
-    assert empty == {"Name": name, "Phase": "Running", "Total TFlops": "200", "Total VRAM": "200Gi",
-                     "Virtual TFlops": "200", "Virtual VRAM": "200Gi", "Available TFlops": "200",
-                     "Available VRAM": "200Gi", "GPU Count": 2}
+    assert empty == {
+        "Name": name,
+        "Phase": "Running",
+        "Total TFlops": "200",
+        "Total VRAM": "200Gi",
+        "Virtual TFlops": "200",
+        "Virtual VRAM": "200Gi",
+        "Available TFlops": "200",
+        "Available VRAM": "200Gi",
+        "GPU Count": 2,
+    }
     gpunode = custom.get_cluster_custom_object(G, V, "gpunodes", name)
-    assert gpunode["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Node", "name": name,
-                                                       "uid": node_uid}]
+    assert gpunode["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid}
+    ]
     assert gpunode["metadata"]["labels"][MANAGED_BY] == pool
     assert gpunode["metadata"]["labels"][f"tensor-fusion.ai/pool-{pool}"] == "true"
 
@@ -218,33 +318,75 @@ def test_a_gpunode_shows_totals_and_availability_and_goes_with_its_node(
     _wait(lambda: _get(custom, "gpunodes", name) is None, "the GPUNode gone with its Node", 90)
 
 
-def test_a_claim_labelled_only_managed_by_is_in_flight_and_released_like_ours(api_client, tf_extender, custom):
+def test_a_claim_labelled_only_managed_by_is_in_flight_and_released_like_ours(
+    api_client, tf_extender, custom
+):
     pool = f"kp-{uuid.uuid4().hex[:6]}"
     claim = f"{pool}-tf0001"
     karpenter = ("karpenter.sh", "v1")
 
     def pool_claims() -> list[str]:
-        return sorted(c["metadata"]["name"] for c in custom.list_cluster_custom_object(G, V, "gpunodeclaims")["items"]
-                      if pool in ((c["metadata"].get("labels") or {}).get(MANAGED_BY),
-                                  (c["metadata"].get("labels") or {}).get("tensor-fusion.ai/gpupool")))
+        return sorted(
+            c["metadata"]["name"]
+            for c in custom.list_cluster_custom_object(G, V, "gpunodeclaims")["items"]
+            if pool
+            in (
+                (c["metadata"].get("labels") or {}).get(MANAGED_BY),
+                (c["metadata"].get("labels") or {}).get("tensor-fusion.ai/gpupool"),
+            )
+        )
 
     # a claim TensorFusion made (only its own label), its NodeClaim on the way (Karpenter is not running:
     # it stays on the way), covering the pool's minimum
-    custom.create_cluster_custom_object(*karpenter, "nodeclaims", {
-        "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "metadata": {"name": claim},
-        "spec": {"nodeClassRef": {k: KWOK_CLASS[k] for k in ("group", "kind", "name")}, "requirements": []}})
-    custom.create_cluster_custom_object(G, V, "gpunodeclaims", {
-        "apiVersion": f"{G}/{V}", "kind": "GPUNodeClaim",
-        "metadata": {"name": claim, "labels": {MANAGED_BY: pool}},
-        "spec": {"instanceType": "g5.xlarge", "capacityType": "on-demand", "gpuDeviceOffered": 1,
-                 "tflopsOffered": "400", "vramOffered": "80Gi", "nodeClassRef": KWOK_CLASS}})
+    custom.create_cluster_custom_object(
+        *karpenter,
+        "nodeclaims",
+        {
+            "apiVersion": "karpenter.sh/v1",
+            "kind": "NodeClaim",
+            "metadata": {"name": claim},
+            "spec": {
+                "nodeClassRef": {k: KWOK_CLASS[k] for k in ("group", "kind", "name")},
+                "requirements": [],
+            },
+        },
+    )
+    custom.create_cluster_custom_object(
+        G,
+        V,
+        "gpunodeclaims",
+        {
+            "apiVersion": f"{G}/{V}",
+            "kind": "GPUNodeClaim",
+            "metadata": {"name": claim, "labels": {MANAGED_BY: pool}},
+            "spec": {
+                "instanceType": "g5.xlarge",
+                "capacityType": "on-demand",
+                "gpuDeviceOffered": 1,
+                "tflopsOffered": "400",
+                "vramOffered": "80Gi",
+                "nodeClassRef": KWOK_CLASS,
+            },
+        },
+    )
     custom.patch_cluster_custom_object_status(G, V, "gpunodeclaims", claim, {"status": {"phase": "Creating"}})
     try:
-        cpl.create_cluster_object(api_client, "gpupools", {
-            "apiVersion": f"{G}/{V}", "kind": "GPUPool", "metadata": {"name": pool},
-            "spec": {"capacityConfig": {"minResources": {"tflops": "300"}},
-                     "nodeManagerConfig": {"provisioningMode": "Karpenter",
-                                           "nodeProvisioner": {"karpenterNodeClassRef": KWOK_CLASS}}}})
+        cpl.create_cluster_object(
+            api_client,
+            "gpupools",
+            {
+                "apiVersion": f"{G}/{V}",
+                "kind": "GPUPool",
+                "metadata": {"name": pool},
+                "spec": {
+                    "capacityConfig": {"minResources": {"tflops": "300"}},
+                    "nodeManagerConfig": {
+                        "provisioningMode": "Karpenter",
+                        "nodeProvisioner": {"karpenterNodeClassRef": KWOK_CLASS},
+                    },
+                },
+            },
+        )
         # in flight: the capacity controllers reconcile every second and buy nothing more for the pool
         deadline = time.monotonic() + 8
         while time.monotonic() < deadline:
@@ -261,5 +403,6 @@ def test_a_claim_labelled_only_managed_by_is_in_flight_and_released_like_ours(ap
         for name in pool_claims():
             for group in (karpenter, (G, V)):
                 with contextlib.suppress(ApiException):
-                    custom.delete_cluster_custom_object(*group, "nodeclaims" if group == karpenter
-                                                        else "gpunodeclaims", name)
+                    custom.delete_cluster_custom_object(
+                        *group, "nodeclaims" if group == karpenter else "gpunodeclaims", name
+                    )
