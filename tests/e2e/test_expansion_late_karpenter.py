@@ -6,7 +6,7 @@ pods (the defect: `make demo` waited from 21:11:46 to 21:16:50 for it).
 
 Karpenter is started inside the first test, after the pod was turned away, so its CRDs really are absent
 when the extender starts (the module removes them first when an earlier module of the same control plane
-installed them).
+installed them, and puts them back at the end).
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ def karpenter_late(cluster, api_client, e2e_binaries):
     yield get
     for karpenter in started:
         karpenter.close()
+    cpl.apply_crds(api_client, cpl.karpenter_crd_files())  # as the later modules of this control plane expect
 
 
 def wait_turned_away(api_client: Any, namespace: str, name: str) -> str:
