@@ -503,3 +503,14 @@ async def test_deleted_pods_leave_the_pending_set(port: FakePort) -> None:
     del port.pods["ns/p"]
     await later(expander, clock, 6)
     assert not expander.pending
+
+
+async def test_a_pending_pod_with_a_bad_request_is_dropped_quietly(
+        port: FakePort, caplog: pytest.LogCaptureFixture) -> None:
+    expander, clock = leveled(port, Refilter(CAPACITY_ONLY))
+    pod = port.add_pod("bad")
+    expander.notice(pod, FilterOutcome([], {}, {"n1": "other"}, None, False), ["n1"])
+    pod["metadata"]["annotations"]["tensor-fusion.ai/tflops-request"] = "lots"
+    await later(expander, clock, 6)
+    assert not expander.pending and port.created == [] and port.events == []
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]

@@ -419,16 +419,20 @@ class Expander:
 
     def _reconsider_one(self, pod: dict[str, Any], entry: Pending, now: float) -> None:
         uid = entry.pod.uid
+        if uid in self.flagged and self._parked.get(uid) is None:
+            return  # queued, waiting on a claim or a placeholder: under way
+        try:
+            request = self._request_of(pod)
+        except Exception:  # a pod the contract rejects never needs a node; its next filter call says why
+            self._forget_pending(uid)
+            return
         if uid in self.flagged:
             parked = self._parked.get(uid)
-            if parked is None:
-                return  # queued, waiting on a claim or a placeholder: under way
-            request = self._request_of(pod)
             probe = decide(pod, uid, request, entry.candidates, self.port, self.inflight, "probe")
             if _decision_key(probe) != parked:
                 self._push(Queued(entry.pod, request, entry.candidates), now)
             return
-        if not expands_pool(self.port.gpupool(self._request_of(pod).pool)):
+        if not expands_pool(self.port.gpupool(request.pool)):
             return
         if entry.candidates:
             if self._refilter is None:
