@@ -117,8 +117,8 @@ def test_a_scale_down_frees_the_room_only_after_the_patch() -> None:
 def _snapshot(tmp_path: Path) -> tuple[Path, Path]:
     profile = {"apiVersion": "tensor-fusion.ai/v1", "kind": "WorkloadProfile",
                "metadata": {"name": "prof", "namespace": "ml"},
-               "spec": {"autoScalingConfig": {"autoSetResources": {"enable": True, "targetResource": "compute",
-                                                                   "initialDelayPeriod": "1m"}}}}
+               "spec": {"autoScalingConfig": {"autoSetResources": {
+                   "enable": True, "targetResource": "compute", "initialDelayPeriod": "1m"}}}}
     a = _bound("a", "ua", "10")
     a["metadata"]["annotations"]["tensor-fusion.ai/workload-profile"] = "prof"
     objects = [_node(), gpu("g1", "n1"), a, _bound("b", "ub", "70", "other"), profile]
