@@ -21,6 +21,11 @@ def _milli(q: Fraction) -> int:
 
 
 def run_case(case: dict[str, Any], peak_weight: VramPeakWeight) -> list[dict[str, Any]]:
+    return run_case_with_usage(case, peak_weight)[0]
+
+
+def run_case_with_usage(case: dict[str, Any],
+                        peak_weight: VramPeakWeight) -> tuple[list[dict[str, Any]], WorkloadUsage]:
     config = parse_config({"autoSetResources": case["auto_set_resources"],
                            **({"autoSetResources": {**case["auto_set_resources"],
                                                     "historyDataPeriod": case["history_period"]}}
@@ -43,4 +48,4 @@ def run_case(case: dict[str, Any], peak_weight: VramPeakWeight) -> list[dict[str
             rec = dict(zip(KEYS, (_milli(c.req_tflops), _milli(c.req_vram), _milli(c.lim_tflops),
                                   _milli(c.lim_vram)), strict=True))
         out.append({"recommendation": rec, "reason": result.reason})
-    return out
+    return out, usage

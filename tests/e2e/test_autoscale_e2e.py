@@ -107,11 +107,11 @@ def _profile(api_client, namespace: str, name: str, extra: dict[str, str] | None
                 "historyDataPeriod": "1h", **(extra or {})}}}})
 
 
-def _worker(api_client, namespace: str, name: str, pool: str, tflops: str, vram: str, workload: str,
+def _worker(api_client, namespace: str, name: str, pool: str, tflops: str, vram: str,
             profile: str | None = None) -> Any:
+    """A bare pod: its workload (tensor-fusion.ai/workload, written by the webhook) is its own name."""
     annotations = {P + "workload-profile": profile} if profile else {}
-    body = cpl.gpu_pod_body(name, pool=pool, tflops=tflops, vram=vram, annotations=annotations,
-                            labels={P + "workload": workload})
+    body = cpl.gpu_pod_body(name, pool=pool, tflops=tflops, vram=vram, annotations=annotations)
     cpl.create_pod(api_client, namespace, body)
     return cpl.wait_for_pod_bound(api_client, namespace, name, timeout=60)
 
@@ -148,8 +148,8 @@ def test_rising_usage_gets_more_tflops_in_place_and_a_full_gpu_clamps(autoscalin
     pool, node = gpu
     _profile(api_client, namespace, "train")
     # ten minutes of 40 TFLOPS in use: the recommendation is the p50 bucket's end x 1.15 (QoS medium)
-    samples(namespace, "train", "trainer", 40.0, 3 * 2**30, 120, _past(10))
-    before = _worker(api_client, namespace, "trainer", pool, "10", "4Gi", "train", profile="train")
+    samples(namespace, "trainer", "trainer", 40.0, 3 * 2**30, 120, _past(10))
+    before = _worker(api_client, namespace, "trainer", pool, "10", "4Gi", profile="train")
     uid = before.metadata.uid
     cpl.wait_until(lambda: _tflops(api_client, namespace, "trainer") != "10", 60,
                    what="the trainer to be resized")
@@ -163,7 +163,7 @@ def test_rising_usage_gets_more_tflops_in_place_and_a_full_gpu_clamps(autoscalin
     cpl.wait_until(lambda: _percent(autoscaling, node) == float(resized), 30,
                    what="the ledger to count the resize")
     assert cpl.pod_events(api_client, namespace, "trainer", "ResourceScaledUp")
-    tfw = _workload(api_client, namespace, "train")
+    tfw = _workload(api_client, namespace, "trainer")
     assert tfw["status"]["workerCount"] == 1
     assert tfw["status"]["recommendation"]["requests"]["tflops"] == str(resized)
     assert tfw["spec"]["resources"]["requests"]["tflops"] == "10"  # the original stays the spec
@@ -171,9 +171,9 @@ def test_rising_usage_gets_more_tflops_in_place_and_a_full_gpu_clamps(autoscalin
     assert condition is not None and condition["reason"] == "Updated"
 
     # another workload takes 50 TFLOPS of the GPU; then the trainer's use doubles
-    _worker(api_client, namespace, "other", pool, "50", "4Gi", "other")
+    _worker(api_client, namespace, "other", pool, "50", "4Gi")
     now = dt.datetime.now(dt.UTC)
-    samples(namespace, "train", "trainer", 95.0, 3 * 2**30, 400, now, step_s=0.01)
+    samples(namespace, "trainer", "trainer", 95.0, 3 * 2**30, 400, now, step_s=0.01)
     cpl.wait_until(lambda: cpl.pod_events(api_client, namespace, "trainer", "ResizeLimited"), 60,
                    what="the scale-up to be clamped")
     assert _tflops(api_client, namespace, "trainer") == "50"  # 100 - 50: the room left
@@ -192,8 +192,8 @@ def test_a_scale_down_frees_room_for_the_next_pod(autoscaling, api_client, names
     pool, node = gpu
     _profile(api_client, namespace, "idle", {"targetResource": "all"})
     # nearly idle: 2 TFLOPS and 2Gi in use; the floors are 0.1 x 60 TFLOPS and 0.2 x 30Gi
-    samples(namespace, "idle", "idler", 2.0, 2 * 2**30, 120, _past(10))
-    _worker(api_client, namespace, "idler", pool, "60", "30Gi", "idle", profile="idle")
+    samples(namespace, "idler", "idler", 2.0, 2 * 2**30, 120, _past(10))
+    _worker(api_client, namespace, "idler", pool, "60", "30Gi", profile="idle")
     cpl.wait_until(lambda: _tflops(api_client, namespace, "idler") != "60", 60, what="the idler to shrink")
     notes = _annotations(api_client, namespace, "idler")
     assert notes[P + "tflops-request"] == "6"
@@ -202,7 +202,7 @@ def test_a_scale_down_frees_room_for_the_next_pod(autoscaling, api_client, names
     assert cpl.pod_events(api_client, namespace, "idler", "ResourceScaledDown")
     cpl.wait_until(lambda: _percent(autoscaling, node) == 6.0, 30, what="the ledger to free the room")
     # 90 TFLOPS did not fit beside 60; beside 6 it does, on the same GPU
-    placed = _worker(api_client, namespace, "big", pool, "90", "30Gi", "big")
+    placed = _worker(api_client, namespace, "big", pool, "90", "30Gi")
     assert placed.spec.node_name == node
     cpl.wait_until(lambda: _percent(autoscaling, node) == 96.0, 30, what="the ledger to count both")
 
@@ -211,11 +211,11 @@ def test_an_unreadable_percentile_is_named_and_the_default_used(autoscaling, api
                                                                 samples):
     pool, _ = gpu
     _profile(api_client, namespace, "bad", {"targetComputePercentile": "ninety"})
-    samples(namespace, "bad", "odd", 40.0, 3 * 2**30, 60, _past(5))
-    _worker(api_client, namespace, "odd", pool, "10", "4Gi", "bad", profile="bad")
+    samples(namespace, "odd", "odd", 40.0, 3 * 2**30, 60, _past(5))
+    _worker(api_client, namespace, "odd", pool, "10", "4Gi", profile="bad")
 
     def named() -> dict[str, Any] | None:
-        found = _condition(_workload(api_client, namespace, "bad"))
+        found = _condition(_workload(api_client, namespace, "odd"))
         return found if found and found["reason"] == "InvalidAutoScalingConfig" else None
 
     condition = cpl.wait_until(named, 60, what="the condition naming the field")
