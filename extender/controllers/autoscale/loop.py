@@ -21,6 +21,7 @@ from extender.common.pods import TERMINAL_PHASES, pod_uid
 from extender.common.quantity import Format, format_quantity
 from extender.common.timefmt import parse_time
 from extender.controllers.autoscale.config import AutoscaleOptions
+from extender.controllers.autoscale.external import ask
 from extender.controllers.autoscale.samples import load_samples
 from extender.kube.client import error_message
 from extender.scheduling.ledger import Allocation, Resized
@@ -40,6 +41,8 @@ class WorkloadApi(Protocol):
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None: ...
 
     async def profile(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def secret(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
 
 class PodSource(Protocol):
@@ -203,8 +206,14 @@ class WorkloadAutoscaler:
             created = _creation_ns(tfw) or min((_creation_ns(pod) or now_ns) for pod in pods)
             current = memory.recommendation or original
             qos = str(spec.get("qos") or request.qos.value)
+            answer = None
+            if config.external is not None and now_ns - created >= config.external.initial_delay_ns:
+                answer, error = await ask(config.external, namespace, name, resources_json(current),
+                                          self.api.secret)
+                if error:
+                    problems.append(f"spec.autoScalingConfig.externalScaler.{error}")
             tick = recommend(config, memory.usage, original, current, qos, now_ns - created, now, self.zone,
-                             memory.cron)
+                             memory.cron, answer)
             problems += tick.problems
             memory.cron = tick.cron_state
             if tick.reason:

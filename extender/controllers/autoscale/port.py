@@ -13,6 +13,7 @@ from extender.kube.client import not_found
 
 log = logging.getLogger(__name__)
 MERGE = "application/merge-patch+json"
+SECRETS = resources.Resource("", "v1", "secrets", "Secret", True)  # externalScaler.apiKeySecretRef only
 
 
 class KubeWorkloadApi:
@@ -61,6 +62,16 @@ class KubeWorkloadApi:
         try:
             found: dict[str, Any] = await self.kube.request(
                 "GET", resources.object_path(resources.WORKLOAD_PROFILES, name, namespace), timeout=10.0)
+        except Exception as exc:
+            if not_found(exc):
+                return None
+            raise
+        return found
+
+    async def secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            path = resources.object_path(SECRETS, name, namespace)
+            found: dict[str, Any] = await self.kube.request("GET", path, timeout=10.0)
         except Exception as exc:
             if not_found(exc):
                 return None
