@@ -24,6 +24,7 @@ from extender.controllers.autoscale.config import AutoscaleOptions
 from extender.controllers.autoscale.external import ask
 from extender.controllers.autoscale.samples import load_samples
 from extender.kube.client import error_message
+from extender.kube.resources import TENSOR_FUSION_WORKLOADS
 from extender.scheduling.ledger import Allocation, Resized
 from extender.server.resize import Resizer, Target
 
@@ -182,7 +183,7 @@ class WorkloadAutoscaler:
         if tfw is None:
             profile = (await self.api.profile(namespace, request.workload_profile)
                        if request.workload_profile else None)
-            body = {"apiVersion": "tensor-fusion.ai/v1", "kind": "TensorFusionWorkload",
+            body = {"apiVersion": TENSOR_FUSION_WORKLOADS.api_version, "kind": TENSOR_FUSION_WORKLOADS.kind,
                     "metadata": {"name": name, "namespace": namespace},
                     "spec": spec_from_pod(request, profile)}
             tfw = await self.api.create(namespace, body)
