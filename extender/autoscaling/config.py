@@ -179,7 +179,10 @@ def _auto_set(obj: Any, path: str, problems: list[str]) -> AutoSetResources | No
         if raw in (None, ""):
             continue
         try:
-            value = float(str(raw).strip())
+            text = str(raw).strip()
+            if "_" in text:  # Python reads 1_0 as 10; Go's ParseFloat, as TensorFusion uses it, does not
+                raise ValueError(text)
+            value = float(text)
         except ValueError:
             problems.append(f"{path}.{key}: {raw!r} is not a number; using the default "
                             f"{getattr(defaults, attr)}")

@@ -131,6 +131,8 @@ def test_defaults_are_tensorfusions() -> None:
 
 @pytest.mark.parametrize(("field", "value", "says"), [
     ("targetComputePercentile", "ninety", "targetComputePercentile: 'ninety' is not a number"),
+    ("lowerBoundComputePercentile", "0_5", "lowerBoundComputePercentile: '0_5' is not a number"),
+    ("updateThreshold", "nan", "updateThreshold: 'nan' is outside 0 and up"),
     ("upperBoundVRAMPercentile", "1.5", "upperBoundVRAMPercentile: '1.5' is outside 0-1"),
     ("marginFraction", "-0.1", "marginFraction: '-0.1' is outside 0 and up"),
     ("historyDataPeriod", "2 hours", "historyDataPeriod: '2 hours' is not a duration"),
