@@ -162,7 +162,8 @@ def _spec_equal(ours: Mapping[str, Any], existing: Mapping[str, Any]) -> bool:
     mine = dict(ours.get("spec") or {})
     if "conversion" not in mine:
         theirs.pop("conversion", None)
-    return theirs == mine and _strings(_meta(existing).get("labels")) == _strings(_meta(ours).get("labels"))
+    labels = _strings(_meta(existing).get("labels"))
+    return theirs == mine and all(labels.get(k) == v for k, v in _strings(_meta(ours).get("labels")).items())
 
 
 def _versions(crd: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -286,8 +287,13 @@ def _write(api: Any, crd: dict[str, Any], verdict: Verdict, existing: Mapping[st
     if verdict.action is Action.CREATE:
         request_json(api, "POST", CRD_PATH, body=crd)
     elif verdict.action is Action.UPDATE and existing is not None:
-        body = {**crd, "metadata": {**crd["metadata"],
-                                    "resourceVersion": _meta(existing).get("resourceVersion")}}
+        # the cluster's other labels and annotations stay (a replace would drop them)
+        meta, mine = _meta(existing), crd["metadata"]
+        body = {**crd, "metadata": {
+            **mine, "resourceVersion": meta.get("resourceVersion"),
+            "labels": {**_strings(meta.get("labels")), **_strings(mine.get("labels"))},
+            "annotations": {**_strings(meta.get("annotations")), **_strings(mine.get("annotations"))},
+        }}
         request_json(api, "PUT", f"{CRD_PATH}/{verdict.name}", body=body)
 
 

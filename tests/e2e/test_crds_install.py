@@ -3,6 +3,7 @@
 - ``tf-extender crds apply`` installs the project's CRDs (manifests/crds/, not part of the kustomize base);
 - with a GPU and a GPUPool present, ``kubectl apply -k manifests/`` then ``kubectl delete -k manifests/``
   of the base leaves every CRD and every GPU object in place;
+- ``apply`` updates an older CRD of ours and keeps the labels the cluster added;
 - ``tf-extender crds check`` and ``apply`` refuse a CRD that TensorFusion's chart installed (controller-gen's
   annotation, Helm's marks, no label of ours) and one of ours whose stored schema has a field ours lacks,
   saying why, and write nothing.
@@ -198,3 +199,23 @@ def test_check_and_apply_refuse_tensor_fusions_crd_and_one_with_more_fields(inst
     assert after == before  # nothing written, the refused ones least of all
     kept = ext.read_custom_resource_definition("workloadprofiles.tensor-fusion.ai")
     assert kept.metadata.annotations["controller-gen.kubebuilder.io/version"] == "v0.20.0"
+
+
+def test_apply_updates_an_older_crd_of_ours_and_keeps_the_clusters_labels(installed):
+    cp = installed
+    ext = client.ApiextensionsV1Api(cp.api_client())
+    name = "gpunodeclaims.tensor-fusion.ai"
+    older = ext.read_custom_resource_definition(name).to_dict()
+    body = client.ApiClient().sanitize_for_serialization(ext.read_custom_resource_definition(name))
+    body["metadata"]["labels"]["team"] = "gpu-platform"
+    del body["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]  # ours adds it back
+    ext.replace_custom_resource_definition(name, body)
+    one = str(cpl.CRDS_DIR / "tensor-fusion.ai_gpunodeclaims.yaml")  # -f takes files too
+    check = _tf_extender(cp, "check", "-f", one)
+    assert check.stdout.splitlines() == [f"{name}: update"], check.stdout + check.stderr
+    applied = _tf_extender(cp, "apply", "-f", one)
+    assert applied.returncode == 0 and f"{name}: updated, Established" in applied.stdout, applied.stdout
+    now = ext.read_custom_resource_definition(name)
+    assert now.metadata.labels["team"] == "gpu-platform"
+    assert "status" in now.spec.versions[0].schema.open_apiv3_schema.properties
+    assert now.metadata.resource_version != older["metadata"]["resource_version"]

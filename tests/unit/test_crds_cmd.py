@@ -41,6 +41,9 @@ def test_missing_unchanged_and_ours_with_a_new_field() -> None:
     ours = _ours()
     assert decide(ours, None).action is Action.CREATE
     assert decide(ours, _stored(ours)).action is Action.UNCHANGED
+    labelled = _stored(ours)
+    labelled["metadata"]["labels"]["team"] = "gpu"  # a label the cluster added is no change of ours
+    assert decide(ours, labelled).action is Action.UNCHANGED
     older = _stored(ours)
     del older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
     assert decide(ours, older).action is Action.UPDATE  # ours only adds
