@@ -39,8 +39,13 @@ def boto_client(endpoint: str) -> Any:
     """A synchronous botocore EC2 client for the test's own reads and seeding."""
     from botocore.session import get_session
 
-    return get_session().create_client("ec2", region_name=REGION, endpoint_url=endpoint,
-                                       aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
+    return get_session().create_client(
+        "ec2",
+        region_name=REGION,
+        endpoint_url=endpoint,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+    )
 
 
 INSTANCE_PROFILE = "tf-gpu-node"
@@ -49,8 +54,13 @@ INSTANCE_PROFILE = "tf-gpu-node"
 def seed(endpoint: str) -> EC2World:
     from botocore.session import get_session
 
-    iam = get_session().create_client("iam", region_name=REGION, endpoint_url=endpoint,
-                                      aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
+    iam = get_session().create_client(
+        "iam",
+        region_name=REGION,
+        endpoint_url=endpoint,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+    )
     iam.create_instance_profile(InstanceProfileName=INSTANCE_PROFILE)
     ec2 = boto_client(endpoint)
     vpc = ec2.create_vpc(CidrBlock="10.40.0.0/16")["Vpc"]["VpcId"]
@@ -90,12 +100,15 @@ class MotoServer:
         self._server.stop()
 
     def reset(self) -> None:
-        urllib.request.urlopen(urllib.request.Request(f"{self.url}/moto-api/reset", method="POST"), timeout=10)
+        urllib.request.urlopen(
+            urllib.request.Request(f"{self.url}/moto-api/reset", method="POST"), timeout=10
+        )
 
 
 CAPACITY_ERROR = (
     '<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{code}</Code><Message>{message}'
-    "</Message></Error></Errors><RequestID>tf-e2e-capacity-proxy</RequestID></Response>")
+    "</Message></Error></Errors><RequestID>tf-e2e-capacity-proxy</RequestID></Response>"
+)
 
 
 class CapacityProxy:
@@ -122,8 +135,13 @@ class CapacityProxy:
                     if (kind, zone) in proxy.refuse or (kind, "") in proxy.refuse:
                         proxy.refused.append((kind, zone))
                         message = f"We currently do not have sufficient {kind} capacity in zone {zone}."
-                        self._answer(500, CAPACITY_ERROR.format(code="InsufficientInstanceCapacity",
-                                                                message=message).encode(), "text/xml")
+                        self._answer(
+                            500,
+                            CAPACITY_ERROR.format(
+                                code="InsufficientInstanceCapacity", message=message
+                            ).encode(),
+                            "text/xml",
+                        )
                         return
                 self._forward("POST", body)
 
@@ -131,9 +149,12 @@ class CapacityProxy:
                 self._forward("GET", None)
 
             def _forward(self, method: str, body: bytes | None) -> None:
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
-                request = urllib.request.Request(proxy.upstream + self.path, data=body, method=method,
-                                                 headers=headers)
+                headers = {
+                    k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")
+                }
+                request = urllib.request.Request(
+                    proxy.upstream + self.path, data=body, method=method, headers=headers
+                )
                 try:
                     with urllib.request.urlopen(request, timeout=30) as answer:
                         self._answer(answer.status, answer.read(), answer.headers.get("Content-Type", ""))
