@@ -201,8 +201,8 @@ class ProvisionedLauncher:
     async def reconcile(self, now: dt.datetime) -> list[Action]:
         configs = [c for c in (pool_config(p) for p in self.view.pools.list()) if c.launches_vms]
         claims = [c for c in self.view.gpunodeclaims.list() if is_provisioned_claim(c)]
-        if not configs and not claims:
-            return []
+        if not configs and not claims and not self.config.computing_vendor_file:
+            return []  # no Provisioned pool and no cloud: nothing to do (with a cloud, the orphan sweep runs)
         provider = await self.provider()
         for claim in claims:
             meta = claim.get("metadata") or {}
