@@ -145,3 +145,8 @@ def plan_launches(inputs: Inputs, provisioned: bool = False) -> Iterable[Action]
     for config in inputs.configs():
         if (config.launches_vms if provisioned else config.mode is ProvisioningMode.KARPENTER):
             yield from plan_pool(inputs, config)
+
+
+def plan_provisioned_launches(inputs: Inputs) -> Iterable[Action]:
+    """The launches of Provisioned pools that name a GPUNodeClass (VMs through the cloud's API)."""
+    return plan_launches(inputs, provisioned=True)
