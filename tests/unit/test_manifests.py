@@ -156,8 +156,10 @@ def test_rbac_is_least_privilege():
             assert "*" not in r["verbs"] and "*" not in r["resources"] and "*" not in r["apiGroups"]
             assert "secrets" not in r["resources"]
             assert not {"deletecollection", "update", "escalate", "bind", "impersonate"} & set(r["verbs"])
-            # deleting is only for the claims of nodes that compaction releases
-            assert "delete" not in r["verbs"] or set(r["resources"]) <= {"nodeclaims", "gpunodeclaims"}
+            # deleting is only for the claims of nodes that compaction releases, and the Node of a
+            # Provisioned-mode VM once the VM is terminated
+            deletable = {"nodeclaims", "gpunodeclaims", "nodes"}
+            assert "delete" not in r["verbs"] or set(r["resources"]) <= deletable
     for r in _rules("tensor-fusion-webhook"):
         assert set(r["verbs"]) <= {"get", "list", "watch"}
     granted = {
@@ -180,6 +182,8 @@ def test_rbac_is_least_privilege():
         ("karpenter.sh", "nodeclaims", "delete"),
         ("tensor-fusion.ai", "gpunodeclaims/status", "patch"),
         ("", "nodes", "patch"),
+        ("", "nodes", "delete"),
+        ("tensor-fusion.ai", "gpunodeclasses", "watch"),
     ]:
         assert needed in granted
     bound = {
