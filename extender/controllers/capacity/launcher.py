@@ -26,6 +26,7 @@ from extender.controllers.capacity.gpunodeclaim import (
     claim_name,
     claim_phase,
     gpunodeclaim_body,
+    is_provisioned_claim,
     nodeclaim_body,
 )
 from extender.controllers.capacity.launch_plan import LaunchPayload, plan_launches
@@ -165,11 +166,14 @@ class Launcher:
         self.port.record(dict(claim), phase, f"GPUNodeClaim {name} is {phase}{where}")
 
     async def sync_claims(self) -> None:
-        configs = {object_name(p): pool_config(p) for p in self.view.pools.list()}
+        """The claims of Karpenter-mode pools only: a Provisioned pool's claims have no NodeClaim (their VM
+        is the provisioned controller's)."""
+        configs = {object_name(p): c for p in self.view.pools.list()
+                   if (c := pool_config(p)).mode is ProvisioningMode.KARPENTER}
         for claim in self.view.gpunodeclaims.list():
             meta = claim.get("metadata") or {}
             pool = claim_pool(claim)
-            if meta.get("deletionTimestamp") or pool not in configs:
+            if meta.get("deletionTimestamp") or pool not in configs or is_provisioned_claim(claim):
                 continue
             name, phase = object_name(claim), claim_phase(claim)
             nodeclaim = self.view.nodeclaims.get(name)

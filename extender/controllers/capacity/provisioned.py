@@ -51,7 +51,14 @@ from extender.common.contract import POOL_LABEL
 from extender.common.labels import GFD_COUNT, GFD_MEMORY, GFD_PRODUCT, NODE_PROVISIONER, PROVISIONED_FINALIZER
 from extender.common.timefmt import parse_time
 from extender.controllers.capacity.config import CapacityConfig
-from extender.controllers.capacity.gpunodeclaim import claim_name, claim_phase, gpunodeclaim_body, label_value
+from extender.controllers.capacity.gpunodeclaim import (
+    GPU_NODE_CLASS_KIND,
+    claim_name,
+    claim_phase,
+    gpunodeclaim_body,
+    is_provisioned_claim,
+    label_value,
+)
 from extender.controllers.capacity.launch_plan import LaunchPayload, plan_launches
 from extender.controllers.capacity.port import KubePort, LiveView, write_condition
 from extender.kube.client import error_message
@@ -65,7 +72,6 @@ log = logging.getLogger(__name__)
 
 PENDING, CREATING, BOUND = "Pending", "Creating", "Bound"
 CONDITION = "NodeProvisionerReady"
-NODE_CLASS_KIND = "GPUNodeClass"
 RETEST_SECONDS = 30.0  # a failed connection test is tried again this often
 BOUND_CHECK_SECONDS = 60.0  # a Bound claim's VM is described this often
 MAX_REPLANS = 8
@@ -101,10 +107,6 @@ class _Vendor:
     error: str = ""
     reason: str = ""
     tested_at: float = 0.0
-
-
-def is_provisioned_claim(claim: Mapping[str, Any]) -> bool:
-    return str(((claim.get("spec") or {}).get("nodeClassRef") or {}).get("kind") or "") == NODE_CLASS_KIND
 
 
 def _kind(exc: CloudError) -> str:
@@ -325,7 +327,7 @@ class ProvisionedLauncher:
             body["metadata"]["finalizers"] = [PROVISIONED_FINALIZER]
             body["spec"]["nodeClassRef"] = {
                 "group": GPU_NODE_CLASSES.group,
-                "kind": NODE_CLASS_KIND,
+                "kind": GPU_NODE_CLASS_KIND,
                 "version": GPU_NODE_CLASSES.version,
                 "name": node_class.name,
             }
