@@ -125,7 +125,7 @@ def test_flags() -> None:
     assert autoscale_config.from_args(_args()).prometheus is None
     url = ("--autoscale-prometheus-url", "http://p")
     for argv, says in [(("--autoscale-prometheus-url", "p:9090"), "not an http"),
-                       ((*url, "--autoscale-prometheus-step", "often"), "--autoscale-prometheus-step: 'often'"),
+                       ((*url, "--autoscale-prometheus-step", "often"), "step: 'often'"),
                        ((*url, "--autoscale-prometheus-max-points", "20000"), r"not in \[2, 11000\]"),
                        ((*url, "--autoscale-usage-file", "f"), "give one")]:
         with pytest.raises(SystemExit, match=says):
