@@ -177,3 +177,13 @@ def test_the_dcgm_uuid_of_a_gpu_named_as_tensorfusion_names_it() -> None:
     obj["status"]["uuid"] = "GPU-ABC"
     device = gpu_from_object(obj)
     assert device is not None and device.dcgm_uuid == "GPU-ABC"
+
+
+def test_the_preset_templates_parse_as_promql() -> None:
+    import promql_parser
+
+    from extender.controllers.autoscale.prometheus import PRESETS
+
+    for pair in PRESETS.values():
+        for template in pair:
+            promql_parser.parse(render(template, "ns", "wl"))

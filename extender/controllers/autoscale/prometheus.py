@@ -38,10 +38,10 @@ TIMEOUT_SECONDS = 10.0
 # the device's use, apportioned by allocation share: an estimate on a shared GPU
 _DCGM_SHARE = ("tf_extender_pod_allocated_{r}{{namespace=\"$namespace\",workload=\"$workload\"}}"
                " / on(UUID) group_left max by (UUID) (tf_extender_gpu_allocated_{r})")
-DCGM_TFLOPS = ("sum by (pod) ((" + _DCGM_SHARE.format(r="tflops") + ") * on(UUID) group_left "
+DCGM_TFLOPS = ("sum by (pod) ((" + _DCGM_SHARE.format(r="tflops") + ") * on(UUID) group_left() "
                "(max by (UUID) (DCGM_FI_DEV_GPU_UTIL) / 100 * on(UUID) "
                "max by (UUID) (tf_extender_gpu_capacity_tflops)))")
-DCGM_VRAM = ("sum by (pod) ((" + _DCGM_SHARE.format(r="vram_bytes") + ") * on(UUID) group_left "
+DCGM_VRAM = ("sum by (pod) ((" + _DCGM_SHARE.format(r="vram_bytes") + ") * on(UUID) group_left() "
              f"(max by (UUID) (DCGM_FI_DEV_FB_USED) * {MIB}))")
 HYPERVISOR_TFLOPS = ('label_replace(max by (worker) (tf_worker_usage_compute_tflops{namespace="$namespace",'
                      'workload="$workload"}), "pod", "$1", "worker", "(.*)")')
