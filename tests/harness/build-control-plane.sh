@@ -218,11 +218,12 @@ build_helm() {
 }
 
 # Prometheus and promtool for the usage tests: a real server scraping a dcgm-exporter stand-in, with history
-# backfilled by promtool. Built without the `builtinassets` tag: the HTTP API works, the web UI does not.
+# backfilled by promtool. Built without the `builtinassets` tag (the HTTP API works, the web UI does not) and
+# with `remove_all_sd` (static_configs only: the cloud service discoveries, most of the build, are left out).
 build_prometheus() {
   local comp="$1"
   is_cached "$comp" "$PROMETHEUS_VERSION" && return 0
-  build_go_command "$comp" "$PROMETHEUS_VERSION" "github.com/prometheus/prometheus/cmd/$comp" \
+  GOFLAGS="$GOFLAGS -tags=remove_all_sd" build_go_command "$comp" "$PROMETHEUS_VERSION" "github.com/prometheus/prometheus/cmd/$comp" \
     "-X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION"
 }
 
