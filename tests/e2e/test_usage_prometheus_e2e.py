@@ -109,7 +109,7 @@ def _condition(api_client, namespace: str, name: str) -> dict[str, Any] | None:
 def test_the_reader_pages_backfilled_history(prometheus):
     # any PromQL with a `pod` label per worker: here the history device, named worker "w"
     query = (f'label_replace(max by (UUID) (DCGM_FI_DEV_GPU_UTIL{{UUID="{HISTORY_UUID}"}}), '
-             '"pod", "w", "", "")')
+             '"pod", "w", "UUID", ".*")')
     reader = PrometheusUsage(PrometheusOptions(prometheus.url, query, query, step_seconds=60, max_points=50))
     end = prometheus.history_end
     samples = asyncio.run(reader.workload_usage("ns", "wl", int((end - HISTORY_HOURS * 3600) * 1e9),
