@@ -64,14 +64,17 @@ def prometheus(control_plane, e2e_binaries, e2e_workdir, extender_port, dcgm):
 
 
 @pytest.fixture
-def gpu(make_node, make_gpu, make_pool, dcgm):
+def gpu(make_node, make_gpu, make_pool, dcgm, api_client):
     pool = make_pool()
     node = f"pu-{uuid.uuid4().hex[:6]}"
-    hexid = str(uuid.uuid4())
-    # TensorFusion names a GPU object after the device's UUID, lower-cased: GPU-<hex> is gpu-<hex>
-    make_gpu(f"gpu-{hexid}", node, pool=pool, tflops="100", vram="40Gi")
+    # TensorFusion names a GPU object after the device's UUID, lower-cased; status.uuid is the UUID as NVML
+    # and so dcgm-exporter write it
+    name = f"gpu-{uuid.uuid4()}"
+    make_gpu(name, node, pool=pool, tflops="100", vram="40Gi")
     make_node(node)
-    device = ScriptedGPU(f"GPU-{hexid}", node, util_percent=0.0, fb_used_mib=0.0)
+    stored = client.CustomObjectsApi(api_client).get_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION,
+                                                                           "gpus", name)
+    device = ScriptedGPU(str(stored["status"]["uuid"]), node, util_percent=0.0, fb_used_mib=0.0)
     dcgm.set(device)
     return pool, node, device.uuid
 
