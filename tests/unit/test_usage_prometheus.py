@@ -187,3 +187,57 @@ def test_the_preset_templates_parse_as_promql() -> None:
     for pair in PRESETS.values():
         for template in pair:
             promql_parser.parse(render(template, "ns", "wl"))
+
+
+def test_plan_autoscale_reads_prometheus(tmp_path, capsys) -> None:
+    """``plan --autoscale --prometheus``: the same plan as from a samples file, read over query_range from
+    a stand-in for Prometheus' HTTP API (the real one is in the e2e module)."""
+    import http.server
+    import json
+    import threading
+    import urllib.parse
+
+    from extender.cli import main
+    from tests.unit.test_resize import _snapshot
+
+    cluster, _ = _snapshot(tmp_path)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            form = dict(urllib.parse.parse_qsl(self.rfile.read(int(self.headers["Content-Length"])).decode()))
+            start, end, step = float(form["start"]), float(form["end"]), float(form["step"])
+            value = "40" if "tflops" in form["query"] else str(3 * 2**30)
+            values = [[start + i * step, value] for i in range(int((end - start) / step) + 1)]
+            result = [{"metric": {"pod": "a"}, "values": values}] if 'workload="w"' in form["query"] else []
+            data = {"resultType": "matrix", "result": result}
+            body = json.dumps({"status": "success", "data": data}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        rc = main(["plan", "--cluster", str(cluster), "--now", "2026-01-01T12:00:00Z", "--autoscale",
+                   "--prometheus", f"http://127.0.0.1:{server.server_address[1]}", "--history", "1h"])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert rc == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    mine = next(line for line in lines if line.get("action") == "autoscale" and line["workload"] == "w")
+    assert mine["recommendation"]["requests"]["tflops"] == "47" and mine["samples"] == 120
+
+
+def test_plan_autoscale_with_an_unreachable_prometheus_says_why(tmp_path, capsys) -> None:
+    from extender.cli import main
+    from tests.unit.test_resize import _snapshot
+
+    cluster, _ = _snapshot(tmp_path)
+    rc = main(["plan", "--cluster", str(cluster), "--autoscale", "--prometheus", "http://127.0.0.1:9"])
+    assert rc == 2
+    assert "--prometheus: Prometheus at http://127.0.0.1:9" in capsys.readouterr().err
