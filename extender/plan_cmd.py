@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from extender.autoscaling.usage import StaticUsageSource
 from extender.cloud.nodeclass import parse_node_class
 from extender.cloud.provider import LaunchRequest
 from extender.cloud.vendor import parse_vendor
@@ -86,10 +87,18 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default {DEFAULT_CLUSTER_NAME})")
     parser.add_argument("--autoscale", action="store_true",
                         help="also print each GPU workload's autoscaling recommendation and what a resize of "
-                             "each of its workers would do (needs --samples for usage)")
+                             "each of its workers would do (usage from --samples or --prometheus)")
     parser.add_argument("--samples", metavar="SAMPLES.json", default=None,
                         help="usage samples for --autoscale: a JSON list of {namespace, workload, worker, "
                              "tflops, vram, time}")
+    parser.add_argument("--prometheus", metavar="URL", default=None,
+                        help="usage for --autoscale read from this Prometheus with the dcgm-exporter PromQL "
+                             "templates (or --usage-metrics hypervisor), over --history before now")
+    parser.add_argument("--usage-metrics", choices=("dcgm", "hypervisor"), default="dcgm",
+                        help="the PromQL templates --prometheus uses (default dcgm)")
+    parser.add_argument("--history", default="2h",
+                        help="how far back --prometheus reads, a Go duration (default 2h, TensorFusion's "
+                             "historyDataPeriod)")
     parser.add_argument("--cron-time-zone", default="UTC",
                         help="IANA time zone of cronScalingRules without CRON_TZ= (default UTC)")
     parser.add_argument("--protection-time", type=float, default=DEFAULT_PROTECTION_SECONDS,
@@ -143,8 +152,8 @@ def _plan_autoscale(args: argparse.Namespace, state: ClusterState, objects: Sequ
                     now: dt.datetime) -> int:
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-    from extender.autoscaling.usage import StaticUsageSource
     from extender.controllers.autoscale.plan import plan_autoscale
+    from extender.controllers.autoscale.prometheus import UsageUnavailable
     from extender.controllers.autoscale.samples import load_samples
 
     try:
@@ -153,14 +162,57 @@ def _plan_autoscale(args: argparse.Namespace, state: ClusterState, objects: Sequ
         print(f"tf-extender plan: --cron-time-zone {args.cron_time_zone!r} is not an IANA time zone",
               file=sys.stderr)
         return 2
-    samples, problems = load_samples(args.samples) if args.samples else (StaticUsageSource(), [])
-    for problem in problems[:10]:
-        print(f"tf-extender plan: --samples: {problem}", file=sys.stderr)
-    if problems and not samples.samples:
-        return 2
+    if getattr(args, "prometheus", None):
+        if args.samples:
+            print("tf-extender plan: --samples and --prometheus: give one usage source", file=sys.stderr)
+            return 2
+        try:
+            samples = _read_prometheus(args, objects, now)
+        except (ValueError, UsageUnavailable) as exc:
+            print(f"tf-extender plan: --prometheus: {exc}", file=sys.stderr)
+            return 2
+    else:
+        samples, problems = load_samples(args.samples) if args.samples else (StaticUsageSource(), [])
+        for problem in problems[:10]:
+            print(f"tf-extender plan: --samples: {problem}", file=sys.stderr)
+        if problems and not samples.samples:
+            return 2
     for entry in plan_autoscale(state, objects, samples, now, zone):
         print(json.dumps(entry))
     return 0
+
+
+def _read_prometheus(args: argparse.Namespace, objects: Sequence[dict[str, Any]],
+                     now: dt.datetime) -> StaticUsageSource:
+    """Every snapshot workload's usage over ``--history``, read from Prometheus into memory."""
+    import asyncio
+
+    from extender.common.contract import WORKLOAD_LABEL
+    from extender.common.timefmt import parse_duration
+    from extender.controllers.autoscale.prometheus import PRESETS, PrometheusOptions, PrometheusUsage
+
+    try:
+        history = parse_duration(str(args.history)).total_seconds()
+    except ValueError as exc:
+        raise ValueError(f"--history {args.history!r}: {exc}") from exc
+    if history <= 0:
+        raise ValueError(f"--history {args.history!r} must be positive")
+    tflops, vram = PRESETS[str(args.usage_metrics)]
+    reader = PrometheusUsage(PrometheusOptions(str(args.prometheus), tflops, vram))
+    workloads = sorted({(str((o.get("metadata") or {}).get("namespace") or "default"),
+                         str(((o.get("metadata") or {}).get("labels") or {})[WORKLOAD_LABEL]))
+                        for o in objects if o.get("kind") == "Pod"
+                        and WORKLOAD_LABEL in (((o.get("metadata") or {}).get("labels")) or {})})
+    end_ns = int(now.timestamp() * 10**9)
+    start_ns = end_ns - int(history * 10**9)
+    source = StaticUsageSource()
+
+    async def read() -> None:
+        for namespace, name in workloads:
+            source.add(namespace, name, await reader.workload_usage(namespace, name, start_ns, end_ns))
+
+    asyncio.run(read())
+    return source
 
 
 PLANNED_CLAIM = "__GPU_NODE_RESOURCE_NAME__"

@@ -58,6 +58,7 @@ from extender.kube.pods import KubePodApi
 from extender.scheduling.ledger import Allocation, Distrust
 from extender.scheduling.pdb import PdbGuard
 from extender.scheduling.state import ClusterState, InventorySource, Kind
+from extender.server.allocated import allocation_rows
 from extender.server.app import (
     DEFAULT_BIND_DEADLINE,
     DEFAULT_DEADLINE,
@@ -296,6 +297,7 @@ class ExtenderService:
             nodes.append(NodeUse(node, ",".join(names), figures.tflops_percent, figures.vram_percent))
         pools = [PoolUse(pool, f.tflops_percent, f.vram_percent) for pool, f in use.pools.items()]
         self.metrics.set_utilisation(nodes, pools, use.partially_used_gpus)
+        self.metrics.set_allocations(*allocation_rows(self.state, self.caches["pods"].get))
 
     async def _all_synced(self) -> None:
         await asyncio.gather(*(cache.synced.wait() for cache in self.caches.values()))

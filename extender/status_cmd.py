@@ -83,12 +83,17 @@ def _claim_state(claim: Mapping[str, Any]) -> str:
     return "Created"
 
 
-def build_report(snapshot: StatusSnapshot) -> dict[str, Any]:
+def report_state(snapshot: StatusSnapshot) -> ClusterState:
     state = ClusterState()
     for kind, objects in ((Kind.TEMPLATE, snapshot.templates), (Kind.POOL, snapshot.pools),
                           (Kind.NODE, snapshot.nodes), (Kind.GPU, snapshot.gpus), (Kind.POD, snapshot.pods)):
         for obj in objects:
             state.apply(kind, "ADDED", obj)
+    return state
+
+
+def build_report(snapshot: StatusSnapshot) -> dict[str, Any]:
+    state = report_state(snapshot)
     pool_specs = {str(_meta(p).get("name")): p for p in snapshot.pools}
     totals: dict[str, PoolTotals] = {name: PoolTotals() for name in pool_specs}
     for node in state.nodes():
@@ -223,6 +228,9 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: ~/.kube/config)")
     parser.add_argument("-o", "--output", default="table", choices=["table", "json"],
                         help="a table for people (default) or JSON for scripts")
+    parser.add_argument("--prometheus", metavar="URL", default=None,
+                        help="also show allocated vs used per pool, node, GPU and workload, use read from "
+                             "dcgm-exporter's series in this Prometheus")
 
 
 def main_status(args: argparse.Namespace, out: Any = None) -> int:
@@ -242,5 +250,26 @@ def main_status(args: argparse.Namespace, out: Any = None) -> int:
     finally:
         api_client.close()  # type: ignore[no-untyped-call]
     report = build_report(snapshot)
-    out.write(json.dumps(report, indent=2) + "\n" if args.output == "json" else render_table(report))
-    return 0
+    code, usage = 0, None
+    if getattr(args, "prometheus", None):
+        from extender.status_usage import (
+            FB_QUERY,
+            UTIL_QUERY,
+            PrometheusError,
+            instant,
+            render_usage,
+            usage_report,
+        )
+
+        try:
+            util, fb = instant(args.prometheus, UTIL_QUERY), instant(args.prometheus, FB_QUERY)
+            usage = usage_report(report_state(snapshot), snapshot.pods, util, fb)
+            report["usage"] = usage
+        except PrometheusError as exc:
+            print(f"tf-extender: no usage: {exc}", file=sys.stderr)
+            code = 1
+    if args.output == "json":
+        out.write(json.dumps(report, indent=2) + "\n")
+    else:
+        out.write(render_table(report) + (render_usage(usage) if usage is not None else ""))
+    return code

@@ -37,6 +37,15 @@ class GPUDevice:
     capacity_tflops: int  # nano-TFLOPS
     capacity_vram: int  # bytes
     synthetic: bool = False
+    uuid: str = ""  # status.uuid: the device UUID as NVML (and so dcgm-exporter) writes it
+
+    @property
+    def dcgm_uuid(self) -> str:
+        """The ``UUID`` label dcgm-exporter gives this GPU: status.uuid, else the name TensorFusion derives
+        from it (the UUID lower-cased, so ``gpu-<hex>`` is ``GPU-<hex>``)."""
+        if self.uuid:
+            return self.uuid
+        return "GPU-" + self.name[4:] if self.name.startswith("gpu-") else self.name
 
     @property
     def schedulable(self) -> bool:
@@ -95,6 +104,7 @@ def gpu_from_object(obj: Mapping[str, Any]) -> GPUDevice | None:
         isolation_mode=str(status.get("isolationMode") or "soft"),
         capacity_tflops=nano_tflops_floor(tflops),
         capacity_vram=math.floor(vram),
+        uuid=str(status.get("uuid") or ""),
     )
 
 

@@ -25,6 +25,34 @@ class NodeUse:
 
 
 @dataclass(frozen=True)
+class GPUAllocated:
+    """One GPU: ``uuid`` as dcgm-exporter's ``UUID`` label writes it, so PromQL can join ``on(UUID)``."""
+
+    uuid: str
+    gpu: str
+    node: str
+    pool: str
+    model: str
+    capacity_tflops: float
+    capacity_vram: int
+    tflops: float
+    vram: int
+
+
+@dataclass(frozen=True)
+class PodAllocated:
+    """One bound pod's share of one of its GPUs."""
+
+    namespace: str
+    pod: str
+    workload: str
+    node: str
+    uuid: str
+    tflops: float
+    vram: int
+
+
+@dataclass(frozen=True)
 class PoolUse:
     pool: str
     tflops_percent: float
@@ -90,7 +118,42 @@ class Metrics:
             "tf_extender_scheduler_nudges_total",
             "Node annotation updates that prompt kube-scheduler to retry GPU pods the extender turned away, "
             "once room appeared on that node, by outcome (sent, error, gone)", ["outcome"], registry=r)
+        gpu_labels = ["UUID", "gpu", "node", "pool", "modelName"]
+        self.gpu_capacity_tflops = Gauge(
+            "tf_extender_gpu_capacity_tflops", "A GPU's TFLOPS capacity", gpu_labels, registry=r)
+        self.gpu_capacity_vram = Gauge(
+            "tf_extender_gpu_capacity_vram_bytes", "A GPU's VRAM capacity", gpu_labels, registry=r)
+        self.gpu_allocated_tflops = Gauge(
+            "tf_extender_gpu_allocated_tflops", "TFLOPS the ledger has allocated on a GPU (bound pods)",
+            gpu_labels, registry=r)
+        self.gpu_allocated_vram = Gauge(
+            "tf_extender_gpu_allocated_vram_bytes", "VRAM the ledger has allocated on a GPU (bound pods)",
+            gpu_labels, registry=r)
+        pod_labels = ["namespace", "pod", "workload", "node", "UUID"]
+        self.pod_allocated_tflops = Gauge(
+            "tf_extender_pod_allocated_tflops", "TFLOPS a bound pod holds on one of its GPUs", pod_labels,
+            registry=r)
+        self.pod_allocated_vram = Gauge(
+            "tf_extender_pod_allocated_vram_bytes", "VRAM a bound pod holds on one of its GPUs", pod_labels,
+            registry=r)
         self._refresh: Callable[[], None] | None = None
+
+    def set_allocations(self, gpus: Iterable[GPUAllocated], pods: Iterable[PodAllocated]) -> None:
+        """Replace the per-GPU and per-pod allocation series (gone GPUs and pods disappear)."""
+        gauges = (self.gpu_capacity_tflops, self.gpu_capacity_vram, self.gpu_allocated_tflops,
+                  self.gpu_allocated_vram, self.pod_allocated_tflops, self.pod_allocated_vram)
+        for gauge in gauges:
+            gauge.clear()
+        for g in gpus:
+            labels = (g.uuid, g.gpu, g.node, g.pool, g.model)
+            self.gpu_capacity_tflops.labels(*labels).set(g.capacity_tflops)
+            self.gpu_capacity_vram.labels(*labels).set(g.capacity_vram)
+            self.gpu_allocated_tflops.labels(*labels).set(g.tflops)
+            self.gpu_allocated_vram.labels(*labels).set(g.vram)
+        for p in pods:
+            labels = (p.namespace, p.pod, p.workload, p.node, p.uuid)
+            self.pod_allocated_tflops.labels(*labels).inc(p.tflops)
+            self.pod_allocated_vram.labels(*labels).inc(p.vram)
 
     def count_rejections(self, messages: Iterable[str]) -> None:
         # Thousands of nodes share a handful of messages: classify each distinct one once.

@@ -10,6 +10,7 @@
 #   karpenter       sigs.k8s.io/karpenter/kwok            ($KARPENTER_VERSION; Karpenter with its KWOK provider)
 #   karpenter CRDs  sigs.k8s.io/karpenter pkg/apis/crds + kwok/apis/crds, copied beside the binary (crds/)
 #   helm            helm.sh/helm/v3/cmd/helm              ($HELM_VERSION)
+#   prometheus      github.com/prometheus/prometheus/cmd/prometheus ($PROMETHEUS_VERSION), and promtool
 #
 # Binaries land in ${TF_CACHE_DIR:-$HOME/.cache/tensor-fusion-extender}/bin/<component>-<version>/<component>
 # and are reused on rerun ("cached: ..."). The Go module cache stays in the default GOPATH so rebuilds
@@ -34,6 +35,8 @@ KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 # v1.13.0 is the newest Karpenter that builds with Go 1.26 (v1.14+ asks for a newer toolchain).
 KARPENTER_VERSION="${KARPENTER_VERSION:-v1.13.0}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
+# Prometheus' Go module versions are v0.<major*100+minor>.<patch> (v0.316.0 is Prometheus 3.16.0).
+PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
 CACHE_DIR="${TF_CACHE_DIR:-$HOME/.cache/tensor-fusion-extender}"
 BIN_DIR="$CACHE_DIR/bin"
 GO_PARALLEL="${GO_PARALLEL:-2}"
@@ -214,8 +217,18 @@ build_helm() {
     "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 }
 
+# Prometheus and promtool for the usage tests: a real server scraping a dcgm-exporter stand-in, with history
+# backfilled by promtool. Built without the `builtinassets` tag (the HTTP API works, the web UI does not) and
+# with `remove_all_sd` (static_configs only: the cloud service discoveries, most of the build, are left out).
+build_prometheus() {
+  local comp="$1"
+  is_cached "$comp" "$PROMETHEUS_VERSION" && return 0
+  GOFLAGS="$GOFLAGS -tags=remove_all_sd" build_go_command "$comp" "$PROMETHEUS_VERSION" "github.com/prometheus/prometheus/cmd/$comp" \
+    "-X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION"
+}
+
 components=("$@")
-[[ ${#components[@]} -gt 0 ]] || components=(etcd kube-apiserver kube-scheduler kube-controller-manager kwok karpenter helm)
+[[ ${#components[@]} -gt 0 ]] || components=(etcd kube-apiserver kube-scheduler kube-controller-manager kwok karpenter helm prometheus promtool)
 T0=$SECONDS
 for c in "${components[@]}"; do
   case "$c" in
@@ -225,6 +238,7 @@ for c in "${components[@]}"; do
     karpenter) build_karpenter ;;
     karpenter-crds) karpenter_crds ;;
     helm) build_helm ;;
+    prometheus|promtool) build_prometheus "$c" ;;
     *) log "unknown component: $c"; exit 2 ;;
   esac
 done
@@ -236,5 +250,7 @@ echo "export TF_BIN_KUBE_CONTROLLER_MANAGER=$(out_path kube-controller-manager "
 echo "export TF_BIN_KARPENTER=$(out_path karpenter "$KARPENTER_VERSION")"
 echo "export TF_BIN_KARPENTER_CRDS=$BIN_DIR/karpenter-$KARPENTER_VERSION/crds"
 echo "export TF_BIN_HELM=$(out_path helm "$HELM_VERSION")"
+echo "export TF_BIN_PROMETHEUS=$(out_path prometheus "$PROMETHEUS_VERSION")"
+echo "export TF_BIN_PROMTOOL=$(out_path promtool "$PROMETHEUS_VERSION")"
 echo "export TF_BIN_KWOK=$(out_path kwok "$KWOK_VERSION")"
 echo "export TF_BIN_KWOK_STAGES=$BIN_DIR/kwok-$KWOK_VERSION/stages.yaml"

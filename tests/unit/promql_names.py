@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "manifests" / "optional" / "monitoring"
 RULES = MONITORING / "prometheus-rules.yaml"
 DASHBOARD = MONITORING / "grafana-dashboard.json"
-PROMETHEUS_OWN = {"up"}  # made by Prometheus itself, not by an exporter
+# made by Prometheus itself (up) or by NVIDIA dcgm-exporter on the GPU nodes, not by the project
+PROMETHEUS_OWN = {"up", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"}
 
 
 def selectors(expr: Any) -> Iterator[str]:

@@ -148,3 +148,42 @@ def test_json_output_is_the_report(monkeypatch: pytest.MonkeyPatch):
 class _Closable:
     def close(self) -> None:
         pass
+
+
+def test_allocated_vs_used_per_pool_node_gpu_and_workload():
+    from extender.status_cmd import report_state
+    from extender.status_usage import render_usage, usage_report
+
+    snapshot = _snapshot()
+    shared = pod("c", "u-c", tflops="10", node="n1", gpu_ids="g0", phase="Running")
+    shared["metadata"]["labels"]["tensor-fusion.ai/workload"] = "trainer"
+    snapshot.pods.append(shared)
+    # g0 (100 TFLOPS) 40 % busy, held 30 by a and 10 by c: 30 and 10 of the 40 used; g2 unreported
+    usage = usage_report(report_state(snapshot), snapshot.pods, {"g0": 40.0, "g1": 0.0, "h0": 0.0},
+                         {"g0": 4096.0, "g1": 0.0, "h0": 0.0})
+    workloads = {w["workload"]: w for w in usage["workloads"]}
+    assert workloads["trainer"]["tflops"] == {"allocated": "10", "used": "10"}
+    assert workloads["a"]["tflops"] == {"allocated": "30", "used": "30"}
+    assert workloads["b"]["tflops"] == {"allocated": "100", "used": None}  # dcgm-exporter says nothing
+    nodes = {n["node"]: n for n in usage["nodes"]}
+    assert nodes["n1"]["tflops"] == {"allocated": "40", "used": "40"}
+    assert nodes["n1"]["vram"]["used"] == "4Gi"
+    gpus = {g["UUID"]: g for g in usage["gpus"]}
+    assert gpus["g1"]["tflops"] == {"allocated": "0", "used": "0"}
+    assert "workload ml/trainer: TFLOPS 10 allocated, 10 used" in render_usage(usage)
+
+
+def test_status_with_an_unreachable_prometheus_still_reports_and_says_why(monkeypatch, capsys):
+    from extender import status_cmd
+
+    class Client:
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr("extender.kube.client.load_api_client", lambda path: Client())
+    monkeypatch.setattr(status_cmd, "read_snapshot", lambda lister: _snapshot())
+    out = io.StringIO()
+    args = argparse.Namespace(kubeconfig=None, output="table", prometheus="http://127.0.0.1:9")
+    assert status_cmd.main_status(args, out) == 1
+    assert "POOL" in out.getvalue()
+    assert "no usage: Prometheus at http://127.0.0.1:9" in capsys.readouterr().err

@@ -22,6 +22,7 @@ from extender.common.quantity import Format, format_quantity
 from extender.common.timefmt import parse_time
 from extender.controllers.autoscale.config import AutoscaleOptions
 from extender.controllers.autoscale.external import ask
+from extender.controllers.autoscale.prometheus import PrometheusUsage, UsageUnavailable
 from extender.controllers.autoscale.samples import load_samples
 from extender.kube.client import error_message
 from extender.kube.resources import TENSOR_FUSION_WORKLOADS
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 
 CONDITION = "ResourceUpdate"
 INVALID_CONFIG = "InvalidAutoScalingConfig"
+USAGE_UNAVAILABLE = "UsageUnavailable"
 
 
 class WorkloadApi(Protocol):
@@ -119,6 +121,8 @@ class WorkloadAutoscaler:
         self.api = api
         self.resizer = resizer
         self.options = options
+        if source is None and options.prometheus is not None:
+            source = PrometheusUsage(options.prometheus)
         self.source = source
         self.zone = ZoneInfo(options.cron_zone)
         self._memory: dict[tuple[str, str], _Memory] = {}
@@ -187,12 +191,25 @@ class WorkloadAutoscaler:
         now_ns = int(now.timestamp() * 10**9)
         memory = self._remember(namespace, name, tfw, config, now_ns)
         status: dict[str, Any] = {"workerCount": len(pods)}
+        unavailable = ""
         if config.configured() and source is not None:
-            samples = await source.workload_usage(namespace, name, memory.read_until_ns, now_ns)
+            try:
+                samples = await source.workload_usage(namespace, name, memory.read_until_ns, now_ns)
+            except UsageUnavailable as exc:
+                unavailable = str(exc)  # nothing read, nothing recommended or resized this pass
+                samples = []
+                log.warning("usage not read", extra={"workload": f"{namespace}/{name}", "error": unavailable})
+            else:
+                memory.read_until_ns = now_ns
             for sample in samples:
                 memory.usage.add(sample)
-            memory.read_until_ns = now_ns
         memory.usage.forget_workers(str(p["metadata"]["name"]) for p in pods)
+        if unavailable:
+            if memory.recommendation is not None:
+                status["recommendation"] = resources_json(memory.recommendation)
+            status["conditions"] = [self._condition(tfw, [], memory, unavailable)]
+            await self._write_status(namespace, name, status)
+            return
         if config.configured():
             created = _creation_ns(tfw) or min((_creation_ns(pod) or now_ns) for pod in pods)
             current = memory.recommendation or original
@@ -219,6 +236,9 @@ class WorkloadAutoscaler:
                            if memory.cron and r.name == memory.cron.name), None)
             status["activeCronScalingRule"] = active
         status["conditions"] = [self._condition(tfw, problems, memory)]
+        await self._write_status(namespace, name, status)
+
+    async def _write_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         try:
             await self.api.patch_status(namespace, name, status)
         except Exception as exc:
@@ -277,8 +297,11 @@ class WorkloadAutoscaler:
                                              "detail": result.message})
 
     @staticmethod
-    def _condition(tfw: Mapping[str, Any], problems: list[str], memory: _Memory) -> dict[str, Any]:
-        if problems:
+    def _condition(tfw: Mapping[str, Any], problems: list[str], memory: _Memory,
+                   unavailable: str = "") -> dict[str, Any]:
+        if unavailable:
+            status, reason, message = "False", USAGE_UNAVAILABLE, f"usage not read, no resize: {unavailable}"
+        elif problems:
             status, reason = "False", INVALID_CONFIG
             more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
             message = "; ".join(problems[:5]) + more
