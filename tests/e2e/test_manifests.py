@@ -1,7 +1,7 @@
 """The manifests a cluster admin applies, checked against the real API server:
 
-- every object kustomize renders from manifests/ (and manifests/optional/) passes a server-side apply dry
-  run (dryRun=All);
+- every object kustomize renders from manifests/ (and manifests/optional/, manifests/defaults/) passes a
+  server-side apply dry run (dryRun=All);
 - the project's CRDs are a compatible subset of TensorFusion's: the project's maximal example object per kind
   (tests/compat/tensor-fusion/, written from TensorFusion's published field list) is stored unchanged, and
   the minimal one is defaulted as TensorFusion's own CRD defaults it, in the fields this project reads.
@@ -67,7 +67,7 @@ def test_render_matches_kubectl_kustomize():
     kubectl = shutil.which("kubectl")
     if not kubectl:
         pytest.skip("kubectl not installed")
-    for d in (cpl.MANIFESTS, cpl.MANIFESTS / "optional"):
+    for d in (cpl.MANIFESTS, cpl.MANIFESTS / "optional", cpl.MANIFESTS / "defaults"):
         try:
             out = subprocess.run(
                 [kubectl, "kustomize", str(d)], capture_output=True, text=True, timeout=60, check=True
@@ -83,7 +83,9 @@ def test_render_matches_kubectl_kustomize():
         assert {key(o): o for o in theirs} == {key(o): o for o in ours}
 
 
-def test_every_manifest_passes_server_side_dry_run(dyn, project_namespace, karpenter_crds):
+def test_every_manifest_passes_server_side_dry_run(
+    api_client, control_plane, project_namespace, karpenter_crds
+):
     objs = cpl.render_kustomization(cpl.MANIFESTS)
     kinds = _kinds(objs)
     for expected in (
@@ -108,9 +110,16 @@ def test_every_manifest_passes_server_side_dry_run(dyn, project_namespace, karpe
     ):
         assert expected in kinds
     optional = cpl.render_kustomization(cpl.MANIFESTS / "optional")
-    assert _kinds(optional) == ["NodeOverlay/tensor-fusion-index-resources"]
+    assert _kinds(optional) == ["NodeOverlay/tensor-fusion-overlay"]
+    defaults = cpl.render_kustomization(cpl.MANIFESTS / "defaults")
+    assert _kinds(defaults) == [
+        "SchedulingConfigTemplate/tf-scheduling-config",
+        "TensorFusionCluster/tensor-fusion",
+    ]
+    cpl.ensure_tensorfusioncluster_crd(api_client, control_plane.workdir)
+    dyn = DynamicClient(api_client)  # discovery after every CRD is served
     failures = []
-    for obj in objs + optional:
+    for obj in objs + optional + defaults:
         try:
             out = _dry_run_apply(dyn, copy.deepcopy(obj))
             assert out["kind"] == obj["kind"]
