@@ -41,6 +41,17 @@ MANUAL_DEFRAG = key("manual-defrag")
 EXPANSION_NODEPOOL = key("expansion-nodepool")
 EXPANSION_INSTANCE_TYPE = key("expansion-instance-type")
 
+# --- TensorFusion's object model: TensorFusionCluster -> GPUPool, GPUPool -> GPUNodeClaim and GPUNode ------
+# The owner of a derived object: on a GPUPool the TensorFusionCluster's name, on a GPUNodeClaim or GPUNode
+# the GPUPool's (TensorFusion: LabelKeyOwner).
+MANAGED_BY = key("managed-by")
+# On a GPUNode: ``tensor-fusion.ai/pool-<pool>: "true"`` for each pool it serves
+# (TensorFusion: GPUNodePoolIdentifierLabelPrefix).
+POOL_IDENTIFIER_PREFIX = key("pool-")
+# Ours, on a GPUPool derived from a TensorFusionCluster: a hash of the specTemplate it was last written
+# from, so a pool edited by hand is told apart from a template that changed (TensorFusion keeps no such mark).
+TEMPLATE_HASH = key("template-hash")
+
 # --- ours: NodeClaims and GPUNodeClaims ---------------------------------------------------------------------
 EXPANSION_LABEL = key("expansion")
 EXPANSION_POD_UID_LABEL = key("expansion-pod-uid")

@@ -33,6 +33,9 @@ SCHEDULING_CONFIG_TEMPLATES = Resource(
 )
 WORKLOAD_PROFILES = Resource("tensor-fusion.ai", "v1", "workloadprofiles", "WorkloadProfile", True)
 GPU_NODE_CLAIMS = Resource("tensor-fusion.ai", "v1", "gpunodeclaims", "GPUNodeClaim", False)
+GPU_NODES = Resource("tensor-fusion.ai", "v1", "gpunodes", "GPUNode", False)
+TENSOR_FUSION_CLUSTERS = Resource(
+    "tensor-fusion.ai", "v1", "tensorfusionclusters", "TensorFusionCluster", False)
 NODECLAIMS = Resource("karpenter.sh", "v1", "nodeclaims", "NodeClaim", False)
 NODEPOOLS = Resource("karpenter.sh", "v1", "nodepools", "NodePool", False)
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)

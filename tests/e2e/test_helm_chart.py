@@ -286,7 +286,7 @@ def test_values_reach_the_objects_and_every_command_line_is_valid(helm):
     )
     assert (args.expansion_enabled, args.write_gpu_status) == (False, False)
     # auto: TensorFusion's own controller (GPUNode API served) owns GPU status
-    tf = render(helm, "--api-versions", "tensor-fusion.ai/v1/GPUNode")
+    tf = render(helm, "--api-versions", "tensor-fusion.ai/v1/TensorFusionConnection")
     assert (
         "--write-gpu-status"
         not in _container(tf, "Deployment", "tensor-fusion-scheduler", "extender")["command"]
@@ -509,11 +509,8 @@ def _run_hook(cp: cpl.ControlPlane, hooks: list[dict[str, Any]]) -> str:
 
 
 def _prepare_crds(cp: cpl.ControlPlane, e2e_binaries: dict[str, Path]) -> None:
-    """Karpenter's NodeOverlay CRD, as on a cluster that runs Karpenter, so the chart's lookup finds it; and
-    the TensorFusionCluster stand-in when the chart does not ship that CRD yet."""
-    api = cp.api_client()
-    cpl.apply_crds(api, [Path(e2e_binaries["karpenter-crds"]) / "karpenter.sh_nodeoverlays.yaml"])
-    cpl.ensure_tensorfusioncluster_crd(api, cp.workdir, CHART / "crds")
+    """Karpenter's NodeOverlay CRD, as on a cluster that runs Karpenter, so the chart's lookup finds it."""
+    cpl.apply_crds(cp.api_client(), [Path(e2e_binaries["karpenter-crds"]) / "karpenter.sh_nodeoverlays.yaml"])
 
 
 def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):

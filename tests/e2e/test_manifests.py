@@ -83,9 +83,7 @@ def test_render_matches_kubectl_kustomize():
         assert {key(o): o for o in theirs} == {key(o): o for o in ours}
 
 
-def test_every_manifest_passes_server_side_dry_run(
-    api_client, control_plane, project_namespace, karpenter_crds
-):
+def test_every_manifest_passes_server_side_dry_run(dyn, project_namespace, karpenter_crds):
     objs = cpl.render_kustomization(cpl.MANIFESTS)
     kinds = _kinds(objs)
     for expected in (
@@ -116,8 +114,6 @@ def test_every_manifest_passes_server_side_dry_run(
         "SchedulingConfigTemplate/tf-scheduling-config",
         "TensorFusionCluster/tensor-fusion",
     ]
-    cpl.ensure_tensorfusioncluster_crd(api_client, control_plane.workdir)
-    dyn = DynamicClient(api_client)  # discovery after every CRD is served
     failures = []
     for obj in objs + optional + defaults:
         try:
@@ -338,6 +334,11 @@ def test_project_crd_defaults_a_minimal_object_as_tensor_fusion_does(api_client,
             "schedulingconfigtemplates": lambda: spec.get("placement", {}).get("mode"),
             "workloadprofiles": lambda: {k: spec.get(k) for k in PROFILE_FIELDS_WE_READ},
             "gpunodeclaims": lambda: spec,
+            "tensorfusionclusters": lambda: spec.get("gpuPools"),
+            "gpunodes": lambda: {k: status.get(k)
+                                 for k in ("phase", "totalTFlops", "totalVRAM", "totalGPUs")},
+            "gpunodeclasses": lambda: spec,
+            "tensorfusionworkloads": lambda: spec,
         }[plural]()
 
     assert fields_we_read(stored) == fields_we_read(expected)

@@ -174,32 +174,3 @@ def create_or_replace(create, read, replace, body: dict) -> None:
         body["metadata"]["resourceVersion"] = read(body["metadata"]["name"]).metadata.resource_version
         replace(body["metadata"]["name"], body)
 
-
-# A stand-in for the project's TensorFusionCluster CRD while manifests/crds has none (it comes with the
-# TensorFusionCluster controller): TensorFusion's group, kind, names and scope, every field kept. Used only
-# when the project's own CRD file is absent, so the default objects (manifests/defaults, the chart's) can
-# be stored.
-TENSORFUSIONCLUSTER_CRD_FILE = "tensor-fusion.ai_tensorfusionclusters.yaml"
-TENSORFUSIONCLUSTER_CRD_STANDIN: dict[str, Any] = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "tensorfusionclusters.tensor-fusion.ai"},
-    "spec": {
-        "group": "tensor-fusion.ai",
-        "names": {"kind": "TensorFusionCluster", "listKind": "TensorFusionClusterList",
-                  "plural": "tensorfusionclusters", "singular": "tensorfusioncluster"},
-        "scope": "Cluster",
-        "versions": [{"name": "v1", "served": True, "storage": True, "subresources": {"status": {}},
-                      "schema": {"openAPIV3Schema": {"type": "object",
-                                                     "x-kubernetes-preserve-unknown-fields": True}}}],
-    },
-}
-
-
-def ensure_tensorfusioncluster_crd(api_client: Any, workdir: Path, crds_dir: Path = CRDS_DIR) -> None:
-    """The TensorFusionCluster stand-in above, when ``crds_dir`` does not ship the CRD."""
-    if (crds_dir / TENSORFUSIONCLUSTER_CRD_FILE).exists():
-        return
-    path = workdir / "tensorfusioncluster-crd-standin.yaml"
-    path.write_text(yaml.safe_dump(TENSORFUSIONCLUSTER_CRD_STANDIN))
-    apply_crds(api_client, [path])

@@ -246,6 +246,10 @@ TENSOR_FUSION_KINDS = {
     "schedulingconfigtemplates": ("SchedulingConfigTemplate", "Cluster"),
     "workloadprofiles": ("WorkloadProfile", "Namespaced"),
     "gpunodeclaims": ("GPUNodeClaim", "Cluster"),
+    "tensorfusionclusters": ("TensorFusionCluster", "Cluster"),
+    "gpunodes": ("GPUNode", "Cluster"),
+    "gpunodeclasses": ("GPUNodeClass", "Cluster"),
+    "tensorfusionworkloads": ("TensorFusionWorkload", "Namespaced"),
 }
 SHIPPED_PLURALS = sorted(
     p for p in TENSOR_FUSION_KINDS if (MANIFESTS / "crds" / f"tensor-fusion.ai_{p}.yaml").exists()

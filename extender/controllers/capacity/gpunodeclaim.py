@@ -1,6 +1,7 @@
 """The GPUNodeClaim and Karpenter NodeClaim of one node launched for a Karpenter-mode pool (pure).
 
-The GPUNodeClaim is owned by the GPUPool, labelled with the pool and annotated with the hourly price;
+The GPUNodeClaim is owned by the GPUPool, labelled with the pool (``tensor-fusion.ai/managed-by``,
+TensorFusion's key, and ``tensor-fusion.ai/gpupool``) and annotated with the hourly price;
 the NodeClaim has the same name, is owned by the GPUNodeClaim, pins the chosen instance type, capacity
 type and zone, carries the pool's gpuNodeLabels (plus the pool label and GPU Feature Discovery labels,
 so the extender knows the node's GPUs the moment it registers), its gpuTaints, a ``nvidia.com/gpu``
@@ -25,6 +26,7 @@ from extender.common.labels import (
     GPU_NODE_CLAIM_LABEL,
     HOURLY_PRICING,
     INSTANCE_TYPE,
+    MANAGED_BY,
     NVIDIA_GPU,
     REGION,
     ZONE,
@@ -71,7 +73,8 @@ def gpunodeclaim_body(config: PoolConfig, offer: Offering, name: str) -> dict[st
         spec["region"] = instance.region
     if config.node_class is not None:
         spec["nodeClassRef"] = {**config.node_class.as_json(), "version": config.node_class.version}
-    metadata: dict[str, Any] = {"name": name, "labels": {POOL_LABEL: config.name},
+    # TensorFusion ties a claim to its pool by managed-by; the gpupool label is kept for earlier releases
+    metadata: dict[str, Any] = {"name": name, "labels": {MANAGED_BY: config.name, POOL_LABEL: config.name},
                                 "annotations": {HOURLY_PRICING: price_text(offer.price)}}
     if config.uid:
         metadata["ownerReferences"] = [_owner(GPU_POOLS.api_version, "GPUPool", config.name, config.uid)]

@@ -22,7 +22,6 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from extender.common.contract import POOL_LABEL
 from extender.controllers.capacity.gpunodeclaim import (
     claim_name,
     claim_phase,
@@ -34,7 +33,7 @@ from extender.controllers.capacity.port import KubePort, LiveView
 from extender.kube.client import error_message, error_status, not_found
 from extender.kube.resources import GPU_NODE_CLAIMS, GPU_POOLS, NODECLAIMS, collection_path
 from extender.planning.action import Action
-from extender.planning.inputs import claim_price
+from extender.planning.inputs import claim_pool, claim_price
 from extender.planning.offerings import Offering
 from extender.planning.pool import PoolConfig, ProvisioningMode, pool_config
 from extender.scheduling.inventory import object_name
@@ -169,7 +168,7 @@ class Launcher:
         configs = {object_name(p): pool_config(p) for p in self.view.pools.list()}
         for claim in self.view.gpunodeclaims.list():
             meta = claim.get("metadata") or {}
-            pool = str((meta.get("labels") or {}).get(POOL_LABEL) or "")
+            pool = claim_pool(claim)
             if meta.get("deletionTimestamp") or pool not in configs:
                 continue
             name, phase = object_name(claim), claim_phase(claim)

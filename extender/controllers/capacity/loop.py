@@ -36,11 +36,12 @@ class CapacityControllers:
     def __init__(self, config: CapacityConfig, api_client: client.ApiClient, state: ClusterState, *,
                  nodes: ObjectStore, pools: ObjectStore, pods: ObjectStore, recorder: EventRecorder,
                  registry: CollectorRegistry, ready: Callable[[], Awaitable[None]],
-                 leader: Leader | None = None, nodeclaims: WatchCache | None = None) -> None:
+                 leader: Leader | None = None, nodeclaims: WatchCache | None = None,
+                 gpunodes: ObjectStore | None = None) -> None:
         self.config = config
         self.port = KubePort(api_client, recorder)
         self.view = LiveView(config, api_client, state, nodes=nodes, pools=pools, pods=pods, port=self.port,
-                             nodeclaims=nodeclaims)
+                             nodeclaims=nodeclaims, gpunodes=gpunodes)
         self.launcher = Launcher(self.view, self.port, LauncherMetrics(registry))
         self.compactor = Compactor(self.view, self.port, CompactorMetrics(registry),
                                    config.manual_window_seconds)

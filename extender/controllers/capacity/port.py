@@ -84,8 +84,10 @@ def node_ref(name: str, node: Mapping[str, Any] | None) -> dict[str, Any]:
 class LiveView:
     def __init__(self, config: CapacityConfig, api_client: client.ApiClient, state: ClusterState, *,
                  nodes: ObjectStore, pools: ObjectStore, pods: ObjectStore, port: KubePort,
-                 on_change: Callable[[], None] | None = None, nodeclaims: WatchCache | None = None) -> None:
+                 on_change: Callable[[], None] | None = None, nodeclaims: WatchCache | None = None,
+                 gpunodes: ObjectStore | None = None) -> None:
         self.config = config
+        self.gpunodes = gpunodes  # the process's GPUNode cache, when GPUNodes are watched
         self.state = state
         self.nodes = nodes
         self.pools = pools
@@ -198,6 +200,7 @@ class LiveView:
         inputs = Inputs(
             now=now, state=self.state, pools=self.pools.list(),
             nodes={object_name(n): n for n in self.nodes.list()}, gpunodeclaims=self.gpunodeclaim_list(),
+            gpunodes={object_name(g): g for g in self.gpunodes.list()} if self.gpunodes is not None else {},
             nodeclaims=self.nodeclaims.list(), pods=self.pods.list(), node_classes=node_classes,
             catalog=catalog, protection_seconds=self.config.protection_seconds, leaving=leaving,
         )
