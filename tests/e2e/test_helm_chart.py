@@ -369,6 +369,15 @@ def test_tensorfusion_default_objects(helm):
                check=False)
     assert bad.returncode != 0
     assert 'schedulingConfigTemplate.placementMode "Fastest": use CompactFirst' in bad.stderr
+    mode = _run(helm, "template", RELEASE, CHART, "--set", "cluster.pool.provisioningMode=Manual",
+                check=False)
+    assert mode.returncode != 0
+    assert 'cluster.pool.provisioningMode "Manual": use AutoSelect, Karpenter or Provisioned' in mode.stderr
+    name = _run(helm, "template", RELEASE, CHART, "--set", "cluster.pool.name=GPU_Pool", check=False)
+    assert name.returncode != 0
+    assert 'cluster.pool.name "GPU_Pool": the derived GPUPool tensor-fusion-GPU_Pool must be a DNS label' in (
+        name.stderr
+    )
     both = _run(helm, "template", RELEASE, CHART, "--set", "placement.defaultPool.create=true", check=False)
     assert both.returncode != 0
     assert "placement.defaultPool.create=true and cluster.enabled=true would make two default pools" in (

@@ -515,7 +515,12 @@ def test_pool_settings_on_the_cluster_overwrite_the_derived_pool(api_client, kar
                                        {"spec": {"nodeManagerConfig": {"nodeCompaction": {"period": "1m"}}}})
     cpl.wait_until(lambda: kubectl_get(api_client, "gpupools", POOL)["spec"]["nodeManagerConfig"][
         "nodeCompaction"]["period"] == "10m", 60, interval=0.5, what="the hand edit overwritten")
-    assert cpl.wait_until(lambda: cluster_events(api_client, CLUSTER) or None, 30, interval=0.5)
+    updated = cpl.wait_until(lambda: cluster_events(api_client, CLUSTER, "GPUPoolUpdated") or None, 30,
+                             interval=0.5, what="an event for the template change")
+    assert any(POOL in e.message for e in updated)
+    overwritten = cpl.wait_until(lambda: cluster_events(api_client, CLUSTER, "GPUPoolOverwritten") or None,
+                                 30, interval=0.5, what="an event saying the hand edit was overwritten")
+    assert overwritten[0].type == "Warning" and "edited by hand" in overwritten[0].message, overwritten[0]
 
 
 def test_autoscaling_recommendations_are_not_produced_yet(api_client, karpenter_mode, namespace):
