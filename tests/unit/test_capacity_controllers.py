@@ -139,7 +139,9 @@ def test_claim_bodies() -> None:
         o for o in offerings(parse_catalog(CATALOG), config.requirements) if o.capacity_type == "spot"
     ]
     gnc = gpunodeclaim_body(config, offer, "kp-abc")
-    assert gnc["metadata"]["labels"] == {"tensor-fusion.ai/gpupool": "kp"}
+    # TensorFusion's key and ours, so claims are read by either
+    assert gnc["metadata"]["labels"] == {"tensor-fusion.ai/managed-by": "kp",
+                                         "tensor-fusion.ai/gpupool": "kp"}
     assert gnc["metadata"]["annotations"] == {"tensor-fusion.ai/hourly-pricing": "0.5"}
     assert gnc["metadata"]["ownerReferences"][0]["uid"] == "pool-uid"
     assert gnc["spec"] == {

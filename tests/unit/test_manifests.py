@@ -161,8 +161,10 @@ def test_rbac_is_least_privilege():
             assert "*" not in r["verbs"] and "*" not in r["resources"] and "*" not in r["apiGroups"]
             assert "secrets" not in r["resources"]
             assert not {"deletecollection", "update", "escalate", "bind", "impersonate"} & set(r["verbs"])
-            # deleting is only for the claims of nodes that compaction releases
-            assert "delete" not in r["verbs"] or set(r["resources"]) <= {"nodeclaims", "gpunodeclaims"}
+            # deleting is only for the claims of nodes that compaction releases, the GPUPools a
+            # TensorFusionCluster no longer lists, and the GPUNodes of nodes that are gone
+            assert "delete" not in r["verbs"] or set(r["resources"]) <= {
+                "nodeclaims", "gpunodeclaims", "gpupools", "gpunodes"}
     for r in _rules("tensor-fusion-webhook"):
         assert set(r["verbs"]) <= {"get", "list", "watch"}
     granted = {

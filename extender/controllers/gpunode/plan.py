@@ -18,6 +18,7 @@ from typing import Any
 
 from extender.common.labels import APP_MANAGED_BY, MANAGED_BY, POOL_IDENTIFIER_PREFIX
 from extender.common.quantity import Format, format_quantity
+from extender.kube.resources import GPU_NODES
 from extender.scheduling.ledger import Allocation
 from extender.scheduling.state import GPUView
 
@@ -70,7 +71,7 @@ def gpunode_body(name: str, node: Mapping[str, Any] | None, gpus: Iterable[GPUVi
     uid = ((node or {}).get("metadata") or {}).get("uid")
     if uid:
         meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": str(uid)}]
-    return {"apiVersion": "tensor-fusion.ai/v1", "kind": "GPUNode", "metadata": meta, "spec": {}}
+    return {"apiVersion": GPU_NODES.api_version, "kind": GPU_NODES.kind, "metadata": meta, "spec": {}}
 
 
 def labels_patch(gpunode: Mapping[str, Any], wanted: Mapping[str, str]) -> dict[str, Any] | None:

@@ -24,11 +24,12 @@ from typing import Any
 
 from extender.common.contract import DEFAULT_POOL_ANNOTATION
 from extender.common.labels import MANAGED_BY, TEMPLATE_HASH
+from extender.kube.resources import GPU_POOLS, TENSOR_FUSION_CLUSTERS
 
-CLUSTER_API_VERSION = "tensor-fusion.ai/v1"
-CLUSTER_KIND = "TensorFusionCluster"
-POOL_API_VERSION = "tensor-fusion.ai/v1"
-POOL_KIND = "GPUPool"
+CLUSTER_API_VERSION = TENSOR_FUSION_CLUSTERS.api_version
+CLUSTER_KIND = TENSOR_FUSION_CLUSTERS.kind
+POOL_API_VERSION = GPU_POOLS.api_version
+POOL_KIND = GPU_POOLS.kind
 # a DNS subdomain (RFC 1123), the rule for a GPUPool's name
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 MAX_NAME = 253
@@ -45,8 +46,20 @@ class Verb(StrEnum):
 class PoolAction:
     verb: Verb
     name: str
-    body: dict[str, Any]  # the whole object to create or PUT; for DELETE the stored object
+    body: dict[str, Any]  # the object to create, the pool as it will be after an update, or the one deleted
     reason: str
+
+    def json_patch(self) -> list[dict[str, Any]]:
+        """An update as a JSON patch: spec, labels and annotations replaced whole, and only if the pool is
+        still the version planned from (``test`` on resourceVersion; a concurrent edit makes it fail)."""
+        meta = self.body["metadata"]
+        ops: list[dict[str, Any]] = []
+        if meta.get("resourceVersion"):
+            ops.append({"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]})
+        ops += [{"op": "add", "path": "/spec", "value": self.body["spec"]},
+                {"op": "add", "path": "/metadata/labels", "value": meta["labels"]},
+                {"op": "add", "path": "/metadata/annotations", "value": meta["annotations"]}]
+        return ops
 
     @property
     def event_reason(self) -> str:

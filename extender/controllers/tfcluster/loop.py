@@ -1,7 +1,8 @@
 """The TensorFusionCluster controller: one reconcile loop, on the leader only.
 
 Each pass plans every cluster (``derive.plan``) against the GPUPool cache the extender already keeps,
-writes the pool actions (create, PUT the whole pool as TensorFusion's Update does, delete), checks
+writes the pool actions (create; replace spec, labels and annotations as TensorFusion's Update does, as
+a JSON patch guarded by the resourceVersion planned from; delete), checks
 ``spec.computingVendor`` (``vendor``; again when it changes, else at most once a minute) and merge-patches
 the cluster's status only when it would say something new. Every derived change is an event on the cluster
 (an overwritten hand edit on the pool too). A write that fails (a conflict with a concurrent edit, an API
@@ -33,6 +34,7 @@ from extender.kube.resources import GPU_POOLS, TENSOR_FUSION_CLUSTERS, collectio
 log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 VENDOR_RECHECK_SECONDS = 60.0
 STATUS_KEYS = ("phase", "conditions", "totalPools", "totalNodes", "totalGPUs", "totalTFlops", "totalVRAM",
                "availableTFlops", "availableVRAM", "readyGPUPools", "notReadyGPUPools")
@@ -233,8 +235,8 @@ class TFClusterController:
             elif action.verb is derive.Verb.DELETE:
                 await api_call(request_json, self.api_client, "DELETE", object_path(GPU_POOLS, action.name))
             else:
-                await api_call(request_json, self.api_client, "PUT", object_path(GPU_POOLS, action.name),
-                               body=action.body)
+                await api_call(request_json, self.api_client, "PATCH", object_path(GPU_POOLS, action.name),
+                               body=action.json_patch(), content_type=JSON_PATCH)
         except Exception as exc:
             status = error_status(exc)
             if status in (404, 409):  # the cache is behind our own or someone's write: the next pass sees it
