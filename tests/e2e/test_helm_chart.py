@@ -291,6 +291,11 @@ def test_values_reach_the_objects_and_every_command_line_is_valid(helm):
         "--write-gpu-status"
         not in _container(tf, "Deployment", "tensor-fusion-scheduler", "extender")["command"]
     )
+    # and its controllers own TensorFusionClusters' pools and the GPUNodes
+    tf_args = _parse(extender_cli.build_parser(),
+                     _container(tf, "Deployment", "tensor-fusion-scheduler", "extender")["command"])
+    assert (tf_args.tfcluster_enabled, tf_args.gpu_nodes_enabled) == (False, False)
+    assert (args.tfcluster_enabled, args.gpu_nodes_enabled) == (True, True)
 
 
 def test_tls_modes(helm):

@@ -216,3 +216,21 @@ def test_a_claim_belongs_to_the_pool_either_label_names() -> None:
     assert claim_pool(claim({"tensor-fusion.ai/gpupool": "kp"})) == "kp"  # ours, before
     assert claim_pool(claim({"tensor-fusion.ai/managed-by": "kp", "tensor-fusion.ai/gpupool": "kp"})) == "kp"
     assert claim_pool(claim({})) == ""
+
+
+def test_a_gpunode_another_replica_created_first_is_no_error_and_written_next_pass() -> None:
+    from kubernetes.client import ApiException
+
+    _, api, _, writer = _setup()
+    real_create = api.create
+
+    async def conflict(body: dict[str, Any]) -> dict[str, Any]:
+        await real_create(body)  # the other replica's create lands first
+        raise ApiException(status=409)
+
+    api.create = conflict  # type: ignore[method-assign]
+    asyncio.run(writer.step())
+    assert writer.metrics.writes.labels("create", "error")._value.get() == 0
+    api.create = real_create  # type: ignore[method-assign]
+    asyncio.run(writer.step())
+    assert api.objects["n1"]["status"]["phase"] == "Running"

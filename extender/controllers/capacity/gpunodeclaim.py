@@ -27,6 +27,7 @@ from extender.common.labels import (
     HOURLY_PRICING,
     INSTANCE_TYPE,
     MANAGED_BY,
+    NODE_PROVISIONER,
     NVIDIA_GPU,
     REGION,
     ZONE,
@@ -106,6 +107,8 @@ def nodeclaim_body(config: PoolConfig, offer: Offering, name: str, owner_uid: st
     instance = offer.instance
     labels: dict[str, str] = {
         **config.labels, POOL_LABEL: config.name, GPU_NODE_CLAIM_LABEL: name,
+        # TensorFusion finds a Node's GPUNodeClaim by this label (its ProvisionerLabelKey)
+        NODE_PROVISIONER: name,
         GFD_COUNT: str(instance.gpu_count), GFD_MEMORY: str(instance.vram_per_gpu // _MIB),
     }
     product = label_value(instance.gpu_model)

@@ -114,6 +114,10 @@ class GPUNodeWriter:
         except Exception as exc:
             if verb == "delete" and error_status(exc) == 404:
                 return None
+            if verb == "create" and error_status(exc) == 409:
+                # another replica (or our own earlier pass) made it: the watch brings it, the next pass writes
+                self._retry.add(name)
+                return None
             self.metrics.writes.labels(verb, "error").inc()
             self._retry.add(name)
             log.warning("GPUNode write failed",
