@@ -754,6 +754,14 @@ def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):
         assert custom.get_cluster_custom_object(group, version, plural, name)["metadata"]["name"] == name
     assert client.ApiextensionsV1Api(api).read_custom_resource_definition("gpus.tensor-fusion.ai")
     assert _run(helm, "list", "--namespace", NS, "-q", kubeconfig=kc).stdout.strip() == ""
+    # Another release (or TensorFusion's chart) on a cluster that has these objects leaves them to their
+    # owner instead of failing on a name clash: here they carry release tfe's annotations.
+    other = _run(helm, "install", "other", CHART, "--namespace", NS, "--dry-run=server", "--no-hooks",
+                 kubeconfig=kc)
+    rendered = [d for d in yaml.safe_load_all(other.stdout.split("NOTES:")[0].split("MANIFEST:")[-1]) if d]
+    kinds = {o["kind"] for o in rendered}
+    assert "Deployment" in kinds, kinds
+    assert not kinds & {"TensorFusionCluster", "SchedulingConfigTemplate", "NodeOverlay"}, kinds
     with contextlib.suppress(Exception):
         api.close()
 
