@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import shutil
 import subprocess
@@ -277,7 +278,9 @@ def _namespaced(plural: str) -> bool:
 
 
 def _store(custom, plural: str, obj: dict, name: str) -> dict:
-    """Create ``obj`` (status through the status subresource) and return what the API server kept."""
+    """Create ``obj`` (status through the status subresource) and return what the API server kept; the
+    object is deleted again, so that no later module's controllers act on it (a stored TensorFusionCluster
+    would have its default pool derived in every module after this one)."""
     ns, namespaced = "default", _namespaced(plural)
     group, version = cpl.TF_GROUP, cpl.TF_VERSION
     body = copy.deepcopy(obj)
@@ -287,6 +290,18 @@ def _store(custom, plural: str, obj: dict, name: str) -> dict:
         custom.create_namespaced_custom_object(group, version, ns, plural, body)
     else:
         custom.create_cluster_custom_object(group, version, plural, body)
+    try:
+        return _stored(custom, plural, name, status, ns, namespaced)
+    finally:
+        with contextlib.suppress(ApiException):
+            if namespaced:
+                custom.delete_namespaced_custom_object(group, version, ns, plural, name)
+            else:
+                custom.delete_cluster_custom_object(group, version, plural, name)
+
+
+def _stored(custom, plural: str, name: str, status: dict | None, ns: str, namespaced: bool) -> dict:
+    group, version = cpl.TF_GROUP, cpl.TF_VERSION
     if status is not None:
         if namespaced:
             custom.patch_namespaced_custom_object_status(group, version, ns, plural, name, {"status": status})
