@@ -103,14 +103,16 @@ class Inputs:
 
     def node_age_origin(self, name: str, node_meta: Mapping[str, Any]) -> dt.datetime | None:
         """When a node's protection time starts (TensorFusion: "its GPUNode is Running and older than 5
-        minutes"): its GPUNode's creation, or None (never old enough) while that GPUNode is not Running.
-        A node without a GPUNode (none are kept, e.g. --no-gpu-nodes) counts from the Node's creation."""
+        minutes"): the Node's creation once its GPUNode is Running, or None (never old enough) while a
+        GPUNode that is not Running stands for it. The age is the Node's rather than the GPUNode's (made
+        within a pass of it), so the order in which a pool's empty nodes go does not hang on the order in
+        which their GPUNodes were written. A node without a GPUNode (none kept, --no-gpu-nodes) counts
+        from the Node's creation."""
+        created = parse_time(node_meta.get("creationTimestamp"))
         gpunode = self.gpunodes.get(name)
-        if gpunode is None:
-            return parse_time(node_meta.get("creationTimestamp"))
-        if (gpunode.get("status") or {}).get("phase") != GPUNODE_RUNNING:
+        if gpunode is not None and (gpunode.get("status") or {}).get("phase") != GPUNODE_RUNNING:
             return None
-        return parse_time((gpunode.get("metadata") or {}).get("creationTimestamp"))
+        return created
 
     def capacity(self, pool: str, nodes: Sequence[PoolNode] | None = None) -> PoolCapacity:
         nodes = self.pool_nodes(pool) if nodes is None else nodes

@@ -189,23 +189,26 @@ def test_pool_labels_follow_the_gpus_and_other_labels_stay() -> None:
     }
 
 
-def test_compaction_counts_a_nodes_age_from_its_running_gpunode() -> None:
+def test_compaction_waits_for_a_running_gpunode_and_counts_the_nodes_age() -> None:
     state = ClusterState()
     state.apply(Kind.GPU, "ADDED", gpu("g0", "n1"))
     node = {"metadata": {"name": "n1", "creationTimestamp": "2026-01-01T00:00:00Z"}}
     now = dt.datetime(2026, 1, 1, 1, tzinfo=dt.UTC)
 
     def origin(gpunodes: dict[str, Any]) -> dt.datetime | None:
-        (pool_node,) = Inputs(now=now, state=state, nodes={"n1": node}, gpunodes=gpunodes).pool_nodes(POOL)
+        inputs = Inputs(now=now, state=state, nodes={"n1": node}, gpunodes=gpunodes)
+        (pool_node,) = inputs.pool_nodes(POOL)
         return pool_node.created
 
-    assert origin({}) == dt.datetime(2026, 1, 1, tzinfo=dt.UTC)  # no GPUNodes kept: the Node's age
-    young = {
-        "metadata": {"name": "n1", "creationTimestamp": "2026-01-01T00:58:00Z"},
+    born = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    assert origin({}) == born  # no GPUNodes kept: the Node's age
+    gpunode = {
+        "metadata": {"name": "n1", "creationTimestamp": "2026-01-01T00:00:03Z"},
         "status": {"phase": "Running"},
     }
-    assert origin({"n1": young}) == dt.datetime(2026, 1, 1, 0, 58, tzinfo=dt.UTC)
-    assert origin({"n1": {**young, "status": {"phase": "Pending"}}}) is None  # never old enough
+    assert origin({"n1": gpunode}) == born
+    assert origin({"n1": {**gpunode, "status": {"phase": "Pending"}}}) is None  # never old enough
+    assert origin({"n1": {**gpunode, "status": {}}}) is None  # created, its status not yet written
 
 
 def test_a_claim_belongs_to_the_pool_either_label_names() -> None:
