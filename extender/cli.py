@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from extender.common import eventloop
 from extender.controllers import gpustatus, nudge, preemptor
+from extender.controllers.autoscale import config as workload_autoscale
 from extender.controllers.capacity import config as capacity_config
 from extender.controllers.defrag import config as defrag_config
 from extender.controllers.expansion import config as expansion_config
@@ -38,6 +39,7 @@ CONTROLLER_OPTIONS: tuple[Callable[[argparse.ArgumentParser], None], ...] = (
     capacity_config.add_arguments,
     tfcluster_config.add_arguments,
     gpunode_config.add_arguments,
+    workload_autoscale.add_arguments,
 )
 
 
@@ -157,7 +159,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         gpu_status=gpustatus.from_args(args), defrag=defrag_config.from_args(args),
         expansion=expansion_config.from_args(args), autoscaler=autoscaler_config.from_args(args),
         capacity=capacity_config.from_args(args), tfcluster=tfcluster_config.from_args(args),
-        gpu_nodes=gpunode_config.from_args(args),
+        gpu_nodes=gpunode_config.from_args(args), workload_autoscale=workload_autoscale.from_args(args),
     )
 
 

@@ -32,6 +32,8 @@ SCHEDULING_CONFIG_TEMPLATES = Resource(
     "tensor-fusion.ai", "v1", "schedulingconfigtemplates", "SchedulingConfigTemplate", False
 )
 WORKLOAD_PROFILES = Resource("tensor-fusion.ai", "v1", "workloadprofiles", "WorkloadProfile", True)
+TENSOR_FUSION_WORKLOADS = Resource("tensor-fusion.ai", "v1", "tensorfusionworkloads", "TensorFusionWorkload",
+                                  True)
 GPU_NODE_CLAIMS = Resource("tensor-fusion.ai", "v1", "gpunodeclaims", "GPUNodeClaim", False)
 GPU_NODES = Resource("tensor-fusion.ai", "v1", "gpunodes", "GPUNode", False)
 TENSOR_FUSION_CLUSTERS = Resource(
