@@ -16,10 +16,10 @@ Local substitutes, where this control plane cannot have the real thing, each mar
 - the chart's default objects are applied from manifests/defaults/ and manifests/optional/ (the kustomize
   equivalent; tests/e2e/test_helm_chart.py installs the chart itself, its ``lookup`` included).
 
-Steps this project does not support yet fail the way a user sees it, and the test asserts exactly that:
-Provisioned mode (``CloudVendorConnectionReady`` False, reason ``NotYetSupported``, naming the vendor type)
-and autoscaling recommendations (no ``status.recommendation``; docs/tensorfusion-compatibility.md says
-so). Both are rewritten when their issues land.
+A step this project does not support yet fails the way a user sees it, and the test asserts exactly that:
+Provisioned mode (``CloudVendorConnectionReady`` False, reason ``NotYetSupported``, naming the vendor type),
+rewritten when it lands. Autoscaling: a fresh workload's ``ResourceUpdate`` condition says why it has no
+recommendation yet (tests/e2e/test_autoscale_e2e.py follows the recommendations that come after).
 """
 
 from __future__ import annotations
@@ -349,9 +349,10 @@ def _release_nodes(api_client: Any, karpenter: Karpenter) -> None:
 @pytest.fixture(scope="module")
 def extender(installed: None, extender_runner: cpl.ExtenderRunner, catalog: str) -> cpl.ExtenderRunner:
     """The extender as the chart runs it (its TensorFusionCluster and GPUNode controllers are on by
-    default), reconciling Karpenter-mode pools every second, with a short node protection time."""
+    default), reconciling Karpenter-mode pools every second, with a short node protection time, and with
+    workload autoscaling on (``--autoscale``), as the guide's autoscaling step needs."""
     extender_runner.ensure(capacity_interval=1, node_protection_time=20, catalog_configmap=catalog,
-                           gpu_node_interval=1)
+                           gpu_node_interval=1, autoscale=True, autoscale_interval="1s")
     return extender_runner
 
 
@@ -523,34 +524,31 @@ def test_pool_settings_on_the_cluster_overwrite_the_derived_pool(api_client, kar
     assert overwritten[0].type == "Warning" and "edited by hand" in overwritten[0].message, overwritten[0]
 
 
-def test_autoscaling_recommendations_are_not_produced_yet(api_client, karpenter_mode, namespace):
-    # The guide turns on autoSetResources for a workload and reads status.recommendation. Not supported
-    # yet (docs/tensorfusion-compatibility.md says so): the object is stored as written and stays without
-    # a recommendation. Rewritten when the recommender lands.
-    workload = yaml.safe_load("""
-apiVersion: tensor-fusion.ai/v1
-kind: TensorFusionWorkload
-metadata:
-  name: chat
-spec:
-  poolName: tensor-fusion-shared
-  replicas: 1
-  qos: medium
-  resources:
-    requests: {tflops: "10", vram: 2Gi}
-    limits: {tflops: "40", vram: 4Gi}
-  autoScalingConfig:
-    autoSetResources:
-      enable: true
-""")
+def test_autoscaling_says_why_there_is_no_recommendation_yet(api_client, karpenter_mode, namespace):
+    # The guide turns autoscaling on for a workload (tensor-fusion.ai/autoscale: "true") and reads
+    # kubectl get tensorfusionworkload <workload> -o jsonpath='{.status.recommendation}'. A fresh workload
+    # gets none until its InitialDelayPeriod (TensorFusion's default 30m) has passed, and its ResourceUpdate
+    # condition says so; docs/autoscaling.md covers the recommendations that follow.
+    body = cpl.gpu_pod_body("chat-auto", tflops="10", vram="2Gi",
+                            annotations={"tensor-fusion.ai/autoscale": "true"})
+    cpl.create_pod(api_client, namespace, body)
+    cpl.wait_for_pod_bound(api_client, namespace, "chat-auto", timeout=90)
     custom = _custom(api_client)
-    custom.create_namespaced_custom_object(*TF, namespace, "tensorfusionworkloads", workload)
-    stored = custom.get_namespaced_custom_object(*TF, namespace, "tensorfusionworkloads", "chat")
-    assert stored["spec"]["autoScalingConfig"] == {"autoSetResources": {"enable": True}}
-    assert stays(lambda: "recommendation" not in (custom.get_namespaced_custom_object(
-        *TF, namespace, "tensorfusionworkloads", "chat").get("status") or {}), 5)
-    doc = (cpl.REPO_ROOT / "docs" / "tensorfusion-compatibility.md").read_text()
-    assert "`status.recommendation`" in doc and "not yet" in doc
+
+    def workload() -> dict[str, Any] | None:
+        try:
+            obj = custom.get_namespaced_custom_object(*TF, namespace, "tensorfusionworkloads", "chat-auto")
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj if condition(obj, "ResourceUpdate") else None
+
+    obj = cpl.wait_until(workload, 60, interval=0.5, what="the workload's TensorFusionWorkload and condition")
+    assert obj["spec"]["autoScalingConfig"]["autoSetResources"]["enable"] is True
+    cond = condition(obj, "ResourceUpdate")
+    assert cond["reason"] == "LowConfidence" and "InitialDelayPeriod" in cond["message"], cond
+    assert "recommendation" not in (obj.get("status") or {}) or not obj["status"]["recommendation"]
 
 
 # ------------------------------------------------------------------- Provisioned mode (not yet supported)
