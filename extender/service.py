@@ -111,7 +111,7 @@ class Settings:
     def leader_elected(self) -> bool:
         """Whether a controller that acts on the whole cluster runs, so the process elects a leader."""
         return (self.expansion.enabled or self.capacity.enabled or self.defrag.enabled
-                or self.tfcluster.enabled or self.workload_autoscale.enabled)
+                or self.workload_autoscale.enabled or self.tfcluster.enabled)
 
 
 def build_caches(api_client: client.ApiClient, state: ClusterState,

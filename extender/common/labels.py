@@ -32,6 +32,7 @@ GPU_NODE_LABEL = key("gpu-node")
 
 # --- ours: GPUPools -----------------------------------------------------------------------------------------
 # Which provisioner grows the pool, overriding TF_NODE_PROVISIONER (TensorFusion: ProvisionerLabelKey).
+# The same key on a Node names the GPUNodeClaim it joins (Provisioned mode: the VM's user data sets it).
 NODE_PROVISIONER = key("node-provisioner")
 # An RFC 3339 time: compact the pool now (TensorFusion: TensorFusionPoolManualCompaction).
 MANUAL_COMPACTION = key("manual-compaction")
@@ -64,6 +65,16 @@ HOURLY_PRICING = key("hourly-pricing")  # TensorFusion: PricingAnnotation
 GPU_VENDOR = key("gpu-vendor")
 GPU_INSTANCE_FAMILY = key("gpu-instance-family")
 GPU_INSTANCE_SIZE = key("gpu-instance-size")
+
+# --- ours: the VMs and volumes of Provisioned-mode pools (cloud tags) ---------------------------------------
+# TensorFusion's three tags: "managed-by: tensor-fusion.ai", the claim's name and the GPUNodeClass.
+CLOUD_MANAGED_BY = "managed-by"
+CLOUD_TAG_NODE_NAME = key("node-name")
+CLOUD_TAG_NODE_CLASS = key("node-class")
+# The cluster (its TensorFusionCluster, or --cluster-name): what the orphan sweep selects on.
+CLOUD_TAG_CLUSTER = key("cluster")
+# On a GPUNodeClaim of a Provisioned pool: terminate the VM (and delete the Node) before the claim goes.
+PROVISIONED_FINALIZER = key("provisioned-node")
 
 # --- ours: helper pods (Cluster Autoscaler placeholders, GPU reservations) ----------------------------------
 PLACEHOLDER_LABEL = key("placeholder")

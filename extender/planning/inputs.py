@@ -47,6 +47,8 @@ class Inputs:
     protection_seconds: float = DEFAULT_PROTECTION_SECONDS
     compaction_due: Callable[[PoolConfig], bool] = _always
     leaving: frozenset[str] = frozenset()  # nodes already released, whatever the caches say yet
+    # offerings (instance type, capacity type, zone) the cloud just refused for lack of capacity
+    unavailable: frozenset[tuple[str, str, str]] = frozenset()
 
     def configs(self) -> list[PoolConfig]:
         return sorted((pool_config(p) for p in self.pools), key=lambda c: c.name)

@@ -240,7 +240,7 @@ def test_a_tensorfusioncluster_derives_updates_overwrites_and_deletes_its_gpupoo
     )
     assert _get(custom, "gpupools", f"{name}-shared") is not None
 
-    # bad input: an entry that cannot be a pool, a vendor not yet supported: conditions that say so
+    # bad input: an entry that cannot be a pool, a vendor without its region: conditions that say so
     bad = [*spec["gpuPools"][:1], {"name": "Not_Valid", "specTemplate": {}}]
     custom.patch_cluster_custom_object(
         G,
@@ -252,7 +252,8 @@ def test_a_tensorfusioncluster_derives_updates_overwrites_and_deletes_its_gpupoo
     broken = _wait(
         lambda: (
             (c := _get(custom, "tensorfusionclusters", name))
-            and _conditions(c).get("CloudVendorConnectionReady", {}).get("reason") == "NotYetSupported"
+            and _conditions(c).get("CloudVendorConnectionReady", {}).get("reason")
+            == "CloudVendorConnectionFailed"
             and _conditions(c).get("GPUPoolReady", {}).get("status") == "False"
             and c
         ),
@@ -260,7 +261,7 @@ def test_a_tensorfusioncluster_derives_updates_overwrites_and_deletes_its_gpupoo
     )
     conditions = _conditions(broken)
     assert "spec.gpuPools[1].name 'Not_Valid'" in conditions["GPUPoolReady"]["message"]
-    assert "computingVendor.type aws" in conditions["CloudVendorConnectionReady"]["message"]
+    assert "computingVendor.params.defaultRegion" in conditions["CloudVendorConnectionReady"]["message"]
     assert broken["status"]["phase"] == "Updating" and conditions["Ready"]["status"] == "False"
     _wait(
         lambda: _events(api_client, "TensorFusionCluster", name, "InvalidGPUPool"), "an InvalidGPUPool event"

@@ -183,9 +183,10 @@ def test_rbac_is_least_privilege():
             assert "secrets" not in r["resources"]
             assert not {"deletecollection", "update", "escalate", "bind", "impersonate"} & set(r["verbs"])
             # deleting is only for the claims of nodes that compaction releases, the GPUPools a
-            # TensorFusionCluster no longer lists, and the GPUNodes of nodes that are gone
+            # TensorFusionCluster no longer lists, the GPUNodes of nodes that are gone, and the Node of a
+            # Provisioned-mode VM once the VM is terminated
             assert "delete" not in r["verbs"] or set(r["resources"]) <= {
-                "nodeclaims", "gpunodeclaims", "gpupools", "gpunodes"}
+                "nodeclaims", "gpunodeclaims", "gpupools", "gpunodes", "nodes"}
     for r in _rules("tensor-fusion-webhook"):
         assert set(r["verbs"]) <= {"get", "list", "watch"}
     granted = {
@@ -208,6 +209,8 @@ def test_rbac_is_least_privilege():
         ("karpenter.sh", "nodeclaims", "delete"),
         ("tensor-fusion.ai", "gpunodeclaims/status", "patch"),
         ("", "nodes", "patch"),
+        ("", "nodes", "delete"),
+        ("tensor-fusion.ai", "gpunodeclasses", "watch"),
     ]:
         assert needed in granted
     bound = {

@@ -322,7 +322,7 @@ class _Reader:
             "CloudVendorConnectionFailed",
             "listing NodeClaims failed",
         ),
-        ("aws", None, False, "NotYetSupported", "computingVendor.type aws"),
+        ("aws", None, False, "CloudVendorConnectionFailed", "computingVendor.params.defaultRegion: required"),
         ("alibaba", None, False, "NotYetSupported", "computingVendor.type alibaba"),
         ("gcp", None, False, "UnsupportedVendor", "'gcp': not supported; supported: alibaba, aws, karpenter"),
     ],

@@ -131,3 +131,11 @@ def nodeclaim_body(config: PoolConfig, offer: Offering, name: str, owner_uid: st
 
 def claim_phase(gpunodeclaim: Mapping[str, Any]) -> str:
     return str((gpunodeclaim.get("status") or {}).get("phase") or "Pending")
+
+
+# The kind of nodeClassRef on the GPUNodeClaims of Provisioned-mode pools (VMs through the cloud's API).
+GPU_NODE_CLASS_KIND = "GPUNodeClass"
+
+
+def is_provisioned_claim(claim: Mapping[str, Any]) -> bool:
+    return str(((claim.get("spec") or {}).get("nodeClassRef") or {}).get("kind") or "") == GPU_NODE_CLASS_KIND

@@ -2,8 +2,9 @@
 
 One function per vendor type checks the connection and answers a ``Connection``; ``connection_check``
 maps the type to it. ``karpenter`` lists Karpenter's NodeClaims (one item is enough). ``aws`` and
-``alibaba`` are TensorFusion's Provisioned-mode providers, not yet supported here: their check says so
-rather than failing. A provider that learns to launch nodes registers its check in ``CHECKS``.
+``alibaba`` are TensorFusion's Provisioned-mode providers: ``aws`` runs the provider's own connection
+test (extender/cloud: a DescribeInstances with the configured credentials) and reports the cloud's message;
+``alibaba`` is not supported yet and says so rather than failing.
 """
 
 from __future__ import annotations
@@ -64,9 +65,32 @@ def _not_yet(vendor_type: str) -> Check:
     return check
 
 
+async def check_cloud(vendor: Mapping[str, Any], reader: Reader) -> Connection:
+    """A Provisioned-mode vendor: the computingVendor parsed, then the provider's connection test."""
+    from extender.cloud.factory import make_provider
+    from extender.cloud.provider import CloudError
+    from extender.cloud.vendor import parse_vendor
+
+    config = parse_vendor(vendor)
+    if config.problems:
+        return Connection(False, "CloudVendorConnectionFailed", "; ".join(config.problems))
+    try:
+        provider = make_provider(config)
+    except CloudError as exc:
+        return Connection(False, "CloudVendorConnectionFailed", f"computingVendor.type {config.type}: {exc}")
+    try:
+        await provider.test_connection()
+    except CloudError as exc:
+        return Connection(False, "CloudVendorConnectionFailed", f"computingVendor.type {config.type}: {exc}")
+    finally:
+        await provider.close()
+    return Connection(True, "CloudVendorConnectionOK",
+                      f"computingVendor.type {config.type}: the compute API of {config.region} answered")
+
+
 CHECKS: dict[str, Check] = {
     "karpenter": check_karpenter,
-    "aws": _not_yet("aws"),
+    "aws": check_cloud,
     "alibaba": _not_yet("alibaba"),
 }
 
