@@ -17,9 +17,10 @@ Local substitutes, where this control plane cannot have the real thing, each mar
   equivalent; tests/e2e/test_helm_chart.py installs the chart itself, its ``lookup`` included).
 
 A step this project does not support yet fails the way a user sees it, and the test asserts exactly that:
-Provisioned mode (``CloudVendorConnectionReady`` False, reason ``NotYetSupported``, naming the vendor type),
-rewritten when it lands. Autoscaling: a fresh workload's ``ResourceUpdate`` condition says why it has no
-recommendation yet (tests/e2e/test_autoscale_e2e.py follows the recommendations that come after).
+Provisioned mode through Alibaba Cloud (``CloudVendorConnectionReady`` False, reason ``NotYetSupported``,
+naming the vendor type), rewritten when it lands. Autoscaling: a fresh workload's ``ResourceUpdate``
+condition says why it has no recommendation yet (tests/e2e/test_autoscale_e2e.py follows the
+recommendations that come after).
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ GUIDE_CLUSTER["spec"]["gpuPools"][0]["specTemplate"]["nodeManagerConfig"]["nodeP
     "karpenterNodeClassRef"] = {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": "default",
                                 "version": "v1alpha1"}
 
-# The Provisioned-mode variant: a GPUNodeClass and a cluster whose vendor is AWS itself. Named
+# The Provisioned-mode variant: a GPUNodeClass and a cluster whose vendor is the cloud itself, here Alibaba
+# Cloud (AWS is supported and covered by tests/e2e/test_provisioned_e2e.py). Named
 # "tensor-fusion-aws" here (the guide's is "tensor-fusion") so that it sits beside the Karpenter-mode one.
 GUIDE_NODE_CLASS = yaml.safe_load("""
 apiVersion: tensor-fusion.ai/v1
@@ -144,13 +146,14 @@ metadata:
   name: tensor-fusion-aws
 spec:
   computingVendor:
-    name: aws
-    type: aws
-    authType: serviceAccountRole
+    name: alibaba
+    type: alibaba
+    authType: accessKey
     enable: true
     params:
-      defaultRegion: us-east-1
-      iamRole: arn:aws:iam::123456789012:role/tensor-fusion
+      defaultRegion: cn-hangzhou
+      accessKeyPath: /tmp/ak
+      secretKeyPath: /tmp/sk
   gpuPools:
   - name: provisioned
     specTemplate:
@@ -563,6 +566,6 @@ def test_provisioned_mode_is_reported_as_not_yet_supported(api_client, karpenter
                                             "CloudVendorConnectionReady"), 60, interval=0.5,
                           what="the Provisioned-mode cluster's CloudVendorConnectionReady")
     assert (cond["status"], cond["reason"]) == ("False", "NotYetSupported")
-    assert "computingVendor.type aws" in cond["message"] and "not yet supported" in cond["message"]
+    assert "computingVendor.type alibaba" in cond["message"] and "not yet supported" in cond["message"]
     # nothing is launched for it
     assert stays(lambda: not pool_gpunodeclaims(api_client, f"{name}-provisioned"), 5)
