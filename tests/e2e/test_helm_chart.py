@@ -4,9 +4,12 @@ What each test proves:
 
 - ``helm lint --strict`` passes, for the defaults and for every TLS mode.
 - With default values, ``helm template`` renders exactly the objects of manifests/ (minus the Namespace,
-  which ``helm install --create-namespace`` makes) plus the TLS hook objects; with the Prometheus Operator
+  which ``helm install --create-namespace`` makes) and of manifests/defaults/ (TensorFusion's default
+  TensorFusionCluster and SchedulingConfigTemplate) plus the TLS hook objects; with the Prometheus Operator
   API and the switches on, exactly those of manifests/optional/monitoring/ and the Karpenter NodeOverlay.
   A difference is reported object by object and field by field.
+- The default objects carry TensorFusion's names and ``helm.sh/resource-policy: keep``, values rename or
+  disable each, and a bad value or two default pools fail the render with the value named.
 - Values reach the objects: image, replicas, resources, scheduler name, extender and expansion flags, the
   GPU-status switch, TLS modes, the default pool; every rendered command line is accepted by our own CLIs.
 - On a control plane of its own (the chart installs cluster-scoped objects the other modules also create),
@@ -15,7 +18,9 @@ What each test proves:
   pods: ``--no-hooks`` is used and the test runs, as local processes the way the e2e harness does, the
   exact command lines of the installed hook Job and Deployments, each with the kubeconfig of the
   ServiceAccount the chart gave it (so the chart's RBAC is what authorises them), and the scheduler with
-  the installed ConfigMap's KubeSchedulerConfiguration. Two substitutions, because there is no Service
+  the installed ConfigMap's KubeSchedulerConfiguration. Karpenter's NodeOverlay CRD is installed first, so
+  the chart's ``lookup`` finds it and creates ``tensor-fusion-overlay``; the default objects outlive
+  ``helm uninstall``. Two substitutions, because there is no Service
   network: the webhook serves on a loopback port with a loopback certificate, and the installed
   MutatingWebhookConfiguration's clientConfig is switched from the Service to that URL (its rules,
   selectors and policies stay as installed).
@@ -141,7 +146,8 @@ def _container(objs: list[dict[str, Any]], kind: str, name: str, container: str)
         [],
         ["--set", "tls.mode=secret"],
         ["--set", "tls.mode=cert-manager"],
-        ["--set", "placement.defaultPool.create=true"],
+        ["--set", "placement.defaultPool.create=true", "--set", "cluster.enabled=false"],
+        ["--set", "karpenter.nodeOverlay=true"],
     ],
 )
 def test_lint(helm, values):
@@ -152,6 +158,7 @@ def test_lint(helm, values):
 def test_default_render_is_manifests_plus_the_tls_hook(helm):
     chart = render(helm, "--include-crds")
     manifests = [o for o in cpl.render_kustomization(cpl.MANIFESTS) if o["kind"] != "Namespace"]
+    manifests += cpl.render_kustomization(cpl.MANIFESTS / "defaults")
     manifests += cpl.render_kustomization(cpl.CRDS_DIR)  # the chart's crds/: manifests/crds, kept apart
     assert_same_objects(manifests, [o for o in chart if not _is_hook(o)])
     hooks = sorted(_key(o) for o in chart if _is_hook(o))
@@ -186,8 +193,22 @@ def test_optional_objects_render_as_in_manifests_optional(helm):
     assert_same_objects(optional, extra)
     # off by default, and "auto" follows the cluster's APIs
     assert not [o for o in render(helm) if o["kind"] in ("PodMonitor", "PrometheusRule", "NodeOverlay")]
-    auto = render(helm, "--api-versions", "karpenter.sh/v1alpha1", "--set", "karpenter.nodeOverlay=auto")
-    assert [o["kind"] for o in auto if o["kind"] == "NodeOverlay"] == ["NodeOverlay"]
+    auto = render(helm, "--api-versions", "karpenter.sh/v1alpha1")  # auto is the default
+    assert [_key(o) for o in auto if o["kind"] == "NodeOverlay"] == ["NodeOverlay/tensor-fusion-overlay"]
+    assert not [o for o in render(helm, "--api-versions", "karpenter.sh/v1alpha1", "--set",
+                                  "karpenter.nodeOverlay=false") if o["kind"] == "NodeOverlay"]
+    earlier = '[{"key":"tensor-fusion.ai/gpu-node","operator":"In","values":["true"]}]'
+    renamed = render(
+        helm,
+        "--set", "karpenter.nodeOverlay=true",
+        "--set", "karpenter.nodeOverlayName=tensor-fusion-index-resources",
+        "--set-json", f"karpenter.nodeOverlayRequirements={earlier}",
+    )
+    (ov,) = [o for o in renamed if o["kind"] == "NodeOverlay"]
+    assert ov["metadata"]["name"] == "tensor-fusion-index-resources"  # the earlier name and selector
+    assert ov["spec"]["requirements"] == [
+        {"key": "tensor-fusion.ai/gpu-node", "operator": "In", "values": ["true"]}
+    ]
 
 
 def _parse(parser: argparse.ArgumentParser, command: list[str]) -> argparse.Namespace:
@@ -306,9 +327,75 @@ def test_tls_modes(helm):
     assert bad.returncode != 0 and 'tls.mode "magic": use auto, hook, secret or cert-manager' in bad.stderr
 
 
+KEEP = {"helm.sh/resource-policy": "keep"}
+
+
+def test_tensorfusion_default_objects(helm):
+    objs = render(helm)
+    sct = _find(objs, "SchedulingConfigTemplate", "tf-scheduling-config")
+    assert sct["spec"] == {"placement": {"mode": "NodeCompactGPULowLoad"}}
+    tfc = _find(objs, "TensorFusionCluster", "tensor-fusion")
+    for obj in (sct, tfc):
+        assert obj["metadata"]["annotations"] == KEEP
+    (pool,) = tfc["spec"]["gpuPools"]
+    assert (pool["name"], pool["isDefault"]) == ("shared", True)
+    template = pool["specTemplate"]
+    assert template["schedulingConfigTemplate"] == "tf-scheduling-config"
+    assert template["nodeManagerConfig"]["provisioningMode"] == "AutoSelect"
+    assert template["capacityConfig"]["minResources"] == {"tflops": "20", "vram": "10Gi"}
+    assert not [o for o in objs if o["kind"] == "GPUPool"]  # the pool is derived from the cluster
+
+    changed = render(
+        helm,
+        "--set", "cluster.name=gpus",
+        "--set", "cluster.pool.name=inference",
+        "--set", "cluster.pool.nodeSelectorKey=example.com/gpu",
+        "--set", "cluster.pool.provisioningMode=Karpenter",
+        "--set-string", "cluster.pool.capacityConfig.minResources.tflops=0",
+        "--set", "schedulingConfigTemplate.name=placement",
+        "--set", "schedulingConfigTemplate.placementMode=CompactFirst",
+    )
+    (pool,) = _find(changed, "TensorFusionCluster", "gpus")["spec"]["gpuPools"]
+    assert pool["name"] == "inference"
+    assert pool["specTemplate"]["schedulingConfigTemplate"] == "placement"
+    assert pool["specTemplate"]["nodeManagerConfig"]["provisioningMode"] == "Karpenter"
+    assert pool["specTemplate"]["capacityConfig"]["minResources"]["tflops"] == "0"
+    (term,) = pool["specTemplate"]["nodeManagerConfig"]["nodeSelector"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [{"key": "example.com/gpu", "operator": "In", "values": ["true"]}]
+    placement = _find(changed, "SchedulingConfigTemplate", "placement")["spec"]["placement"]
+    assert placement["mode"] == "CompactFirst"
+
+    off = render(helm, "--set", "cluster.enabled=false", "--set", "schedulingConfigTemplate.enabled=false")
+    assert not [o for o in off if o["kind"] in ("TensorFusionCluster", "SchedulingConfigTemplate")]
+    no_sct = render(helm, "--set", "schedulingConfigTemplate.enabled=false")
+    (pool,) = _find(no_sct, "TensorFusionCluster", "tensor-fusion")["spec"]["gpuPools"]
+    assert "schedulingConfigTemplate" not in pool["specTemplate"]  # no reference to an object not made
+
+    bad = _run(helm, "template", RELEASE, CHART, "--set", "schedulingConfigTemplate.placementMode=Fastest",
+               check=False)
+    assert bad.returncode != 0
+    assert 'schedulingConfigTemplate.placementMode "Fastest": use CompactFirst' in bad.stderr
+    mode = _run(helm, "template", RELEASE, CHART, "--set", "cluster.pool.provisioningMode=Manual",
+                check=False)
+    assert mode.returncode != 0
+    assert 'cluster.pool.provisioningMode "Manual": use AutoSelect, Karpenter or Provisioned' in mode.stderr
+    name = _run(helm, "template", RELEASE, CHART, "--set", "cluster.pool.name=GPU_Pool", check=False)
+    assert name.returncode != 0
+    assert 'cluster.pool.name "GPU_Pool": the derived GPUPool tensor-fusion-GPU_Pool must be a DNS label' in (
+        name.stderr
+    )
+    both = _run(helm, "template", RELEASE, CHART, "--set", "placement.defaultPool.create=true", check=False)
+    assert both.returncode != 0
+    assert "placement.defaultPool.create=true and cluster.enabled=true would make two default pools" in (
+        both.stderr
+    )
+
+
 def test_placement_defaults(helm):
     objs = render(
         helm,
+        "--set",
+        "cluster.enabled=false",
         "--set",
         "placement.defaultPool.create=true",
         "--set",
@@ -327,6 +414,8 @@ def test_placement_defaults(helm):
         "template",
         RELEASE,
         CHART,
+        "--set",
+        "cluster.enabled=false",
         "--set",
         "placement.defaultPool.create=true",
         "--set",
@@ -434,12 +523,19 @@ def _run_hook(cp: cpl.ControlPlane, hooks: list[dict[str, Any]]) -> str:
     return cpl.wait_until(attempt, 20, interval=0.5, what="the tf-certs hook to succeed")
 
 
+def _prepare_crds(cp: cpl.ControlPlane, e2e_binaries: dict[str, Path]) -> None:
+    """Karpenter's NodeOverlay CRD, as on a cluster that runs Karpenter, so the chart's lookup finds it."""
+    cpl.apply_crds(cp.api_client(), [Path(e2e_binaries["karpenter-crds"]) / "karpenter.sh_nodeoverlays.yaml"])
+
+
 def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):
     cp, started = helm_cluster
     kc = cp.kubeconfig
     api = cp.api_client()
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     admission = client.AdmissionregistrationV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    _prepare_crds(cp, e2e_binaries)
 
     out = _run(
         helm,
@@ -457,6 +553,8 @@ def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):
     assert "STATUS: deployed" in out.stdout
     # the notes tell what to put on GPU node groups that scale from zero
     assert "k8s.io/cluster-autoscaler/node-template/resources/tensor-fusion.ai/index_f" in out.stdout
+    # and which default objects it made
+    assert "kubectl get tensorfusioncluster tensor-fusion   (default pool tensor-fusion-shared)" in out.stdout
     installed = [
         d
         for d in yaml.safe_load_all(
@@ -464,7 +562,20 @@ def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):
         )
         if d
     ]
-    assert {_key(o) for o in installed} == {_key(o) for o in render(helm) if not _is_hook(o)}
+    expected = render(helm, "--set", "karpenter.nodeOverlay=true")  # what the lookup chose
+    assert {_key(o) for o in installed} == {_key(o) for o in expected if not _is_hook(o)}
+    defaults = [
+        ("schedulingconfigtemplates", cpl.TF_GROUP, cpl.TF_VERSION, "tf-scheduling-config"),
+        ("tensorfusionclusters", cpl.TF_GROUP, cpl.TF_VERSION, "tensor-fusion"),
+        ("nodeoverlays", "karpenter.sh", "v1alpha1", "tensor-fusion-overlay"),
+    ]
+    for plural, group, version, name in defaults:  # stored as rendered, kept on uninstall
+        obj = custom.get_cluster_custom_object(group, version, plural, name)
+        assert obj["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    overlay = custom.get_cluster_custom_object(
+        "karpenter.sh", "v1alpha1", "nodeoverlays", "tensor-fusion-overlay"
+    )
+    assert overlay["spec"]["requirements"] == [] and len(overlay["spec"]["capacity"]) == 16
     cpl.wait_until(
         lambda: (
             client.ApiextensionsV1Api(api)
@@ -557,7 +668,8 @@ def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):
         {
             "apiVersion": f"{cpl.TF_GROUP}/{cpl.TF_VERSION}",
             "kind": "GPUPool",
-            "metadata": {"name": pool, "annotations": {cpl.DEFAULT_POOL_ANNOTATION: "true"}},
+            # named by the pod: the chart's TensorFusionCluster has the default pool
+            "metadata": {"name": pool},
             "spec": {},
         },
     )
@@ -565,12 +677,11 @@ def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):
     cpl.create_node(api, f"{pool}-node")
     cpl.wait_for_webhook_pool(api, pool, timeout=60)
     core.create_namespace({"metadata": {"name": "work"}})
-    cpl.create_pod(api, "work", cpl.gpu_pod_body("train", tflops="30", vram="10Gi"))
+    cpl.create_pod(api, "work", cpl.gpu_pod_body("train", pool=pool, tflops="30", vram="10Gi"))
     node, gpus = cpl.placement(api, "work", "train", timeout=90)
     assert (node, gpus) == (f"{pool}-node", [f"{pool}-gpu-0"])
     pod = core.read_namespaced_pod("train", "work")
     assert pod.spec.scheduler_name == "tensor-fusion-scheduler"  # mutated by the chart's webhook
-    custom = client.CustomObjectsApi(api)
     cpl.wait_until(
         lambda: (
             custom.get_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "gpus", f"{pool}-gpu-0")["status"][
@@ -638,9 +749,20 @@ def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):
         ),
     ):
         cpl.wait_until(lambda read=read: _gone(read), 30, what=f"uninstall to remove {what}")
-    # Helm keeps CRDs (and so the GPU objects) on uninstall, by design; the hook's Secrets stay too
+    # Helm keeps CRDs (and so the GPU objects) on uninstall, by design; the hook's Secrets stay too; and the
+    # default objects stay, as TensorFusion's do (helm.sh/resource-policy: keep)
+    for plural, group, version, name in defaults:
+        assert custom.get_cluster_custom_object(group, version, plural, name)["metadata"]["name"] == name
     assert client.ApiextensionsV1Api(api).read_custom_resource_definition("gpus.tensor-fusion.ai")
     assert _run(helm, "list", "--namespace", NS, "-q", kubeconfig=kc).stdout.strip() == ""
+    # Another release (or TensorFusion's chart) on a cluster that has these objects leaves them to their
+    # owner instead of failing on a name clash: here they carry release tfe's annotations.
+    other = _run(helm, "install", "other", CHART, "--namespace", NS, "--dry-run=server", "--no-hooks",
+                 kubeconfig=kc)
+    rendered = [d for d in yaml.safe_load_all(other.stdout.split("NOTES:")[0].split("MANIFEST:")[-1]) if d]
+    kinds = {o["kind"] for o in rendered}
+    assert "Deployment" in kinds, kinds
+    assert not kinds & {"TensorFusionCluster", "SchedulingConfigTemplate", "NodeOverlay"}, kinds
     with contextlib.suppress(Exception):
         api.close()
 

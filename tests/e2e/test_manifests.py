@@ -1,7 +1,7 @@
 """The manifests a cluster admin applies, checked against the real API server:
 
-- every object kustomize renders from manifests/ (and manifests/optional/) passes a server-side apply dry
-  run (dryRun=All);
+- every object kustomize renders from manifests/ (and manifests/optional/, manifests/defaults/) passes a
+  server-side apply dry run (dryRun=All);
 - the project's CRDs are a compatible subset of TensorFusion's: the project's maximal example object per kind
   (tests/compat/tensor-fusion/, written from TensorFusion's published field list) is stored unchanged, and
   the minimal one is defaulted as TensorFusion's own CRD defaults it, in the fields this project reads.
@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import shutil
 import subprocess
@@ -67,7 +68,7 @@ def test_render_matches_kubectl_kustomize():
     kubectl = shutil.which("kubectl")
     if not kubectl:
         pytest.skip("kubectl not installed")
-    for d in (cpl.MANIFESTS, cpl.MANIFESTS / "crds", cpl.MANIFESTS / "optional"):
+    for d in (cpl.MANIFESTS, cpl.MANIFESTS / "crds", cpl.MANIFESTS / "optional", cpl.MANIFESTS / "defaults"):
         try:
             out = subprocess.run(
                 [kubectl, "kustomize", str(d)], capture_output=True, text=True, timeout=60, check=True
@@ -110,9 +111,14 @@ def test_every_manifest_passes_server_side_dry_run(dyn, project_namespace, karpe
     ):
         assert expected in kinds
     optional = cpl.render_kustomization(cpl.MANIFESTS / "optional")
-    assert _kinds(optional) == ["NodeOverlay/tensor-fusion-index-resources"]
+    assert _kinds(optional) == ["NodeOverlay/tensor-fusion-overlay"]
+    defaults = cpl.render_kustomization(cpl.MANIFESTS / "defaults")
+    assert _kinds(defaults) == [
+        "SchedulingConfigTemplate/tf-scheduling-config",
+        "TensorFusionCluster/tensor-fusion",
+    ]
     failures = []
-    for obj in objs + optional:
+    for obj in objs + optional + defaults:
         try:
             out = _dry_run_apply(dyn, copy.deepcopy(obj))
             assert out["kind"] == obj["kind"]
@@ -274,7 +280,9 @@ def _namespaced(plural: str) -> bool:
 
 
 def _store(custom, plural: str, obj: dict, name: str) -> dict:
-    """Create ``obj`` (status through the status subresource) and return what the API server kept."""
+    """Create ``obj`` (status through the status subresource) and return what the API server kept; the
+    object is deleted again, so that no later module's controllers act on it (a stored TensorFusionCluster
+    would have its default pool derived in every module after this one)."""
     ns, namespaced = "default", _namespaced(plural)
     group, version = cpl.TF_GROUP, cpl.TF_VERSION
     body = copy.deepcopy(obj)
@@ -284,6 +292,18 @@ def _store(custom, plural: str, obj: dict, name: str) -> dict:
         custom.create_namespaced_custom_object(group, version, ns, plural, body)
     else:
         custom.create_cluster_custom_object(group, version, plural, body)
+    try:
+        return _stored(custom, plural, name, status, ns, namespaced)
+    finally:
+        with contextlib.suppress(ApiException):
+            if namespaced:
+                custom.delete_namespaced_custom_object(group, version, ns, plural, name)
+            else:
+                custom.delete_cluster_custom_object(group, version, plural, name)
+
+
+def _stored(custom, plural: str, name: str, status: dict | None, ns: str, namespaced: bool) -> dict:
+    group, version = cpl.TF_GROUP, cpl.TF_VERSION
     if status is not None:
         if namespaced:
             custom.patch_namespaced_custom_object_status(group, version, ns, plural, name, {"status": status})

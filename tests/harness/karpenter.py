@@ -18,8 +18,8 @@ What it sets up:
   (``BATCH_IDLE_DURATION``/``BATCH_MAX_DURATION``); its log is collected with the other processes' and it
   is stopped by process group at module end (and at exit);
 - a KWOKNodeClass ``default`` (``node_class()`` makes others, e.g. with a ``nodeRegistrationDelay``);
-- with ``node_overlay=True`` the NodeOverlay the project ships (manifests/optional), which declares the
-  ``tensor-fusion.ai/index_*`` resources on nodes of NodePools labelled ``tensor-fusion.ai/gpu-node=true``.
+- with ``node_overlay=True`` the NodeOverlay the project ships (manifests/optional, TensorFusion's
+  ``tensor-fusion-overlay``), which declares the ``tensor-fusion.ai/index_*`` resources on every NodePool.
 
 How Karpenter's nodes carry GPUs for the extender: a NodePool made by ``nodepool()`` pins one instance type
 and its template carries GPU discovery labels (``nvidia.com/gpu.count``/``.product``/``.memory``, as NVIDIA
@@ -62,7 +62,7 @@ INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 ZONE = "topology.kubernetes.io/zone"
 CAPACITY_TYPE = "karpenter.sh/capacity-type"
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
-GPU_NODE_LABEL = "tensor-fusion.ai/gpu-node"  # what the shipped NodeOverlay selects
+GPU_NODE_LABEL = "tensor-fusion.ai/gpu-node"  # on GPU NodePools' templates (the earlier overlay selected it)
 POOL_LABEL = "tensor-fusion.ai/gpupool"
 HARNESS_LABEL = "e2e.tensor-fusion.ai/karpenter-harness"
 OVERLAY_MANIFEST = MANIFESTS / "optional" / "karpenter-nodeoverlay.yaml"

@@ -174,3 +174,4 @@ def create_or_replace(create, read, replace, body: dict) -> None:
             raise
         body["metadata"]["resourceVersion"] = read(body["metadata"]["name"]).metadata.resource_version
         replace(body["metadata"]["name"], body)
+

@@ -31,7 +31,8 @@ def _dockerfile_instructions() -> list[tuple[str, str]]:
 
 
 def _tf_commands(text: str) -> set[str]:
-    return set(re.findall(r"\btf-[a-z]+\b", text))
+    """Words tf-<name> that are not the start of a longer name (the object name tf-scheduling-config)."""
+    return set(re.findall(r"\btf-[a-z]+\b(?![-.])", text))
 
 
 def test_dockerfile_is_multi_stage_and_runs_as_non_root() -> None:

@@ -54,6 +54,7 @@ def test_kustomization_lists_every_manifest():
         for p in MANIFESTS.rglob("*.yaml")
         if p.name != "kustomization.yaml"
         and "optional" not in p.parts
+        and "defaults" not in p.parts
         and "crds" not in p.parts
         and "scheduler" not in p.parent.parts[-1:]
     }
@@ -63,6 +64,10 @@ def test_kustomization_lists_every_manifest():
     assert gen["files"] == ["kube-scheduler-config.yaml=scheduler/kube-scheduler-config.yaml"]
     opt = yaml.safe_load((MANIFESTS / "optional" / "kustomization.yaml").read_text())
     assert opt["resources"] == ["karpenter-nodeoverlay.yaml"]
+    defaults = yaml.safe_load((MANIFESTS / "defaults" / "kustomization.yaml").read_text())
+    assert {MANIFESTS / "defaults" / r for r in defaults["resources"]} == set(
+        (MANIFESTS / "defaults").glob("*.yaml")
+    ) - {MANIFESTS / "defaults" / "kustomization.yaml"}
 
 
 def test_the_base_installs_no_crd():
@@ -229,7 +234,28 @@ def test_nodeoverlay_declares_every_index_resource():
     assert sorted(ov["spec"]["capacity"]) == INDEX_NAMES
     # every node must admit the worst case: max pods all in one index group with quantity 8
     assert all(int(v) >= 8 * 110 for v in ov["spec"]["capacity"].values())
-    assert ov["spec"]["requirements"]
+    # TensorFusion's name, on every NodePool, kept on helm uninstall as TensorFusion's
+    assert ov["metadata"]["name"] == "tensor-fusion-overlay"
+    assert ov["spec"]["requirements"] == []
+    assert ov["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+
+
+def test_default_objects_are_tensorfusions_under_its_names():
+    objs = {o["kind"]: o for o in docs(MANIFESTS / "defaults" / "scheduling-config.yaml")
+            + docs(MANIFESTS / "defaults" / "tensorfusioncluster.yaml")}
+    assert sorted(objs) == ["SchedulingConfigTemplate", "TensorFusionCluster"]
+    sct, tfc = objs["SchedulingConfigTemplate"], objs["TensorFusionCluster"]
+    assert sct["metadata"]["name"] == "tf-scheduling-config"
+    assert sct["spec"]["placement"]["mode"] == "NodeCompactGPULowLoad"
+    assert tfc["metadata"]["name"] == "tensor-fusion"
+    (pool,) = tfc["spec"]["gpuPools"]
+    assert (pool["name"], pool["isDefault"]) == ("shared", True)
+    assert pool["specTemplate"]["schedulingConfigTemplate"] == "tf-scheduling-config"
+    terms = pool["specTemplate"]["nodeManagerConfig"]["nodeSelector"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [
+        {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}]
+    for obj in objs.values():
+        assert obj["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
 
 
 # ------------------------------------------------- CRDs vs TensorFusion's objects, statically

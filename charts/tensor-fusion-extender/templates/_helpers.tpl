@@ -38,3 +38,14 @@ app.kubernetes.io/part-of: tensor-fusion-extender
 - tensor-fusion-webhook.{{ .Release.Namespace }}.svc
 - tensor-fusion-webhook.{{ .Release.Namespace }}.svc.cluster.local
 {{- end }}
+
+{{/* "true" unless an object of this name exists that this release does not manage (TensorFusion's chart's,
+or one made by hand): the default objects never clash with those, and are left to their owner.
+Arguments: root, apiVersion, kind, name (cluster scoped). Without a cluster (helm template) nothing exists. */}}
+{{- define "tfe.ownable" -}}
+{{- $root := index . 0 -}}
+{{- $found := lookup (index . 1) (index . 2) "" (index . 3) -}}
+{{- if not $found -}}true
+{{- else if and (eq (dig "metadata" "annotations" "meta.helm.sh/release-name" "" $found) $root.Release.Name) (eq (dig "metadata" "annotations" "meta.helm.sh/release-namespace" "" $found) $root.Release.Namespace) -}}true
+{{- end -}}
+{{- end }}
