@@ -16,7 +16,9 @@ from typing import Any
 
 import yaml
 
+from extender.common.progress import Progress
 from extender.common.timefmt import parse_time
+from extender.common.yamlio import YAMLFileError
 from extender.controllers.capacity.compaction_plan import plan_compaction
 from extender.controllers.capacity.launch_plan import plan_launches
 from extender.controllers.defrag.plan import plan_defrag
@@ -27,7 +29,7 @@ from extender.planning.inputs import Inputs
 from extender.planning.removal import DEFAULT_PROTECTION_SECONDS
 from extender.scheduling.inventory import object_name
 from extender.scheduling.state import ClusterState
-from extender.simulate_cmd import load_cluster, read_objects
+from extender.simulate_cmd import load_cluster, read_file
 
 # The planners ``plan`` runs by default, in order; other planners register here with their own flag.
 DEFAULT_PLANNERS: list[Planner] = [plan_launches, plan_compaction]
@@ -80,26 +82,30 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = None) -> int:
+    prog = getattr(args, "prog", "tf-extender plan")
     now = dt.datetime.now(dt.UTC)
     if args.now:
         parsed = parse_time(args.now)
         if parsed is None:
-            print(f"tf-extender plan: --now {args.now!r} is not an RFC 3339 time", file=sys.stderr)
+            print(f"{prog}: --now {args.now!r} is not an RFC 3339 time", file=sys.stderr)
             return 2
         now = parsed
-    try:
-        with open(args.cluster, encoding="utf-8") as handle:
-            objects = read_objects(handle.read())
-        catalog = DEFAULT_CATALOG
-        if args.catalog:
-            with open(args.catalog, encoding="utf-8") as handle:
-                catalog = parse_catalog(handle.read())
-    except (OSError, yaml.YAMLError, CapacityError) as exc:
-        print(f"tf-extender plan: {exc}", file=sys.stderr)
-        return 2
-    inputs = snapshot_inputs(objects, now=now, catalog=catalog, protection_seconds=args.protection_time)
-    if planners is None:
-        planners = [*DEFAULT_PLANNERS, *([plan_defrag] if getattr(args, "defrag", False) else [])]
-    for action in plan(inputs, planners):
-        print(json.dumps(action.as_json()))
+    with Progress(prog) as progress:
+        try:
+            objects = read_file(args.cluster, progress)
+            catalog = DEFAULT_CATALOG
+            if args.catalog:
+                with open(args.catalog, encoding="utf-8") as handle:
+                    catalog = parse_catalog(handle.read())
+        except (OSError, YAMLFileError, yaml.YAMLError, CapacityError) as exc:
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return 2
+        progress.begin("loading the snapshot")
+        inputs = snapshot_inputs(objects, now=now, catalog=catalog, protection_seconds=args.protection_time)
+        if planners is None:
+            planners = [*DEFAULT_PLANNERS, *([plan_defrag] if getattr(args, "defrag", False) else [])]
+        progress.begin("planning")
+        lines = [json.dumps(action.as_json()) + "\n" for action in plan(inputs, planners)]
+        sys.stdout.write("".join(lines))
+        sys.stdout.flush()
     return 0

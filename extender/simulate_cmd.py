@@ -14,9 +14,9 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-import yaml
-
 from extender.common.contract import GPU_IDS, ContractError, RequestContext, parse_request, render_annotations
+from extender.common.progress import Progress
+from extender.common.yamlio import YAMLFileError, iter_documents
 from extender.scheduling.placement import Mode
 from extender.scheduling.state import ClusterState, Kind, PlacementError, pod_key
 
@@ -95,10 +95,20 @@ def simulate(cluster_objects: list[dict[str, Any]], pods: list[dict[str, Any]],
 
 
 def simulate_with_state(cluster_objects: list[dict[str, Any]], pods: list[dict[str, Any]],
-                        mode: str | None) -> tuple[list[dict[str, Any]], ClusterState]:
+                        mode: str | None, progress: Progress | None = None,
+                        ) -> tuple[list[dict[str, Any]], ClusterState]:
     state = ClusterState(mode_override=mode)
+    if progress is not None:
+        progress.begin("loading the cluster")
     load_cluster(state, cluster_objects)
-    return [place(state, pod) for pod in pods], state
+    if progress is not None:
+        progress.begin("placing pods", len(pods))
+    results = []
+    for pod in pods:
+        results.append(place(state, pod))
+        if progress is not None:
+            progress.done += 1
+    return results, state
 
 
 def utilisation_summary(state: ClusterState) -> str:
@@ -114,10 +124,11 @@ def utilisation_summary(state: ClusterState) -> str:
     return "\n".join(lines)
 
 
-def read_objects(text: str) -> list[dict[str, Any]]:
-    """Objects of a YAML stream; ``kind: List`` (and ``...List``) documents are unpacked."""
+def read_objects(text: str, source: str = "<input>") -> list[dict[str, Any]]:
+    """Objects of a YAML stream; ``kind: List`` (and ``...List``) documents are unpacked. Bad YAML raises
+    ``YAMLFileError`` naming ``source`` and the line."""
     out: list[dict[str, Any]] = []
-    for document in yaml.safe_load_all(text):
+    for document in iter_documents(text, source):
         if not isinstance(document, dict):
             continue
         if str(document.get("kind", "")).endswith("List") and isinstance(document.get("items"), list):
@@ -130,6 +141,14 @@ def read_objects(text: str) -> list[dict[str, Any]]:
     return out
 
 
+def read_file(path: str, progress: Progress | None = None) -> list[dict[str, Any]]:
+    """``read_objects`` of a file (``OSError`` when unreadable)."""
+    if progress is not None:
+        progress.begin(f"reading {path}")
+    with open(path, encoding="utf-8") as handle:
+        return read_objects(handle.read(), path)
+
+
 def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", required=True, metavar="CLUSTER.yaml",
                         help="Nodes, GPU objects, GPUPools, SchedulingConfigTemplates and bound pods")
@@ -139,16 +158,18 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main_simulate(args: argparse.Namespace) -> int:
-    try:
-        with open(args.cluster, encoding="utf-8") as handle:
-            cluster = read_objects(handle.read())
-        with open(args.pods, encoding="utf-8") as handle:
-            pods = [obj for obj in read_objects(handle.read()) if obj.get("kind", "Pod") == "Pod"]
-    except (OSError, yaml.YAMLError) as exc:
-        print(f"tf-extender simulate: {exc}", file=sys.stderr)
-        return 2
-    results, state = simulate_with_state(cluster, pods, args.mode)
-    for result in results:
-        print(json.dumps(result))
+    prog = getattr(args, "prog", "tf-extender simulate")
+    with Progress(prog) as progress:
+        try:
+            cluster = read_file(args.cluster, progress)
+            pods = [obj for obj in read_file(args.pods, progress) if obj.get("kind", "Pod") == "Pod"]
+        except (OSError, YAMLFileError) as exc:
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return 2
+        results, state = simulate_with_state(cluster, pods, args.mode, progress)
+        progress.begin("writing the results")
+        out = sys.stdout
+        out.write("".join(json.dumps(result) + "\n" for result in results))
+        out.flush()
     print(utilisation_summary(state), file=sys.stderr)
     return 0
