@@ -7,7 +7,6 @@ to the node the extender ranks first (ties by name) and is then recorded as boun
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 from collections import Counter
@@ -30,25 +29,40 @@ def _uid(pod: dict[str, Any]) -> str:
     return str(meta["uid"])
 
 
+def _writable(pod: dict[str, Any], *parts: str) -> dict[str, Any]:
+    """A copy of ``pod`` whose top-level ``parts`` (and metadata's annotations) are copies too: what the
+    simulator writes to, so the caller's objects stay as they were without a deep copy of each (the deep
+    copies were a third of a 2,000-pod run)."""
+    out = dict(pod)
+    for part in parts:
+        out[part] = dict(out.get(part) or {})
+    if "metadata" in parts:
+        out["metadata"]["annotations"] = dict(out["metadata"].get("annotations") or {})
+    return out
+
+
 def load_cluster(state: ClusterState, objects: Iterable[dict[str, Any]]) -> None:
-    """Feed every object of a known kind to the state; pools and templates first, pods last."""
-    objects = list(objects)
-    order = (Kind.TEMPLATE, Kind.POOL, Kind.NODE, Kind.GPU, Kind.POD)
-    for kind in order:
-        for obj in objects:
-            if _KINDS.get(str(obj.get("kind"))) is kind:
-                item = copy.deepcopy(obj)
-                if kind is Kind.POD:
-                    _uid(item)
-                state.apply(kind, "ADDED", item)
+    """Feed every object of a known kind to the state; pools and templates first, pods last. The state
+    reads objects and keeps none of them, so only a pod without a uid is copied (to give it one)."""
+    by_kind: dict[Kind, list[dict[str, Any]]] = {kind: [] for kind in Kind}
+    for obj in objects:
+        kind = _KINDS.get(str(obj.get("kind")))
+        if kind is not None:
+            by_kind[kind].append(obj)
+    for kind in (Kind.TEMPLATE, Kind.POOL, Kind.NODE, Kind.GPU, Kind.POD):
+        for item in by_kind[kind]:
+            if kind is Kind.POD and not (item.get("metadata") or {}).get("uid"):
+                item = _writable(item, "metadata")
+                _uid(item)
+            state.apply(kind, "ADDED", item)
 
 
 def canonical_pod(state: ClusterState, pod: dict[str, Any]) -> dict[str, Any]:
-    """A copy of the pod with canonical annotations, as the webhook would have written them."""
-    pod = copy.deepcopy(pod)
+    """A copy of the pod with canonical annotations, as the webhook would have written them (its metadata,
+    spec and status copied: ``place`` writes to them)."""
+    pod = _writable(pod, "metadata", "spec", "status")
     _uid(pod)
-    annotations = pod.setdefault("metadata", {}).setdefault("annotations", {}) or {}
-    pod["metadata"]["annotations"] = annotations
+    annotations = pod["metadata"]["annotations"]
     annotations.update(render_annotations(parse_request(annotations, RequestContext(
         default_pool=state.default_pool))))
     return pod

@@ -245,7 +245,7 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a table for people (default) or JSON for scripts")
     parser.add_argument("-w", "--watch", action="store_true",
                         help="read and print again every --watch-interval until interrupted")
-    parser.add_argument("--watch-interval", type=_interval, default=2.0, metavar="DURATION",
+    parser.add_argument("--watch-interval", type=_interval, default="2s", metavar="DURATION",
                         help="time between two screens of --watch, a Go duration (default 2s)")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import yaml
 
 try:
@@ -33,7 +34,17 @@ def _where(source: str, exc: yaml.YAMLError) -> str:
 
 
 def iter_documents(text: str, source: str) -> Iterator[Any]:
-    """The documents of a YAML stream, one at a time; ``YAMLFileError`` naming ``source`` and the line."""
+    """The documents of a YAML stream, one at a time; ``YAMLFileError`` naming ``source`` and the line.
+
+    JSON (``kubectl get -o json``) is YAML too; a file that is one JSON document is read by the JSON parser,
+    tens of times faster than any YAML loader, and by the YAML loader when it is not strict JSON.
+    """
+    if text.lstrip()[:1] in ("{", "["):
+        try:
+            yield orjson.loads(text)
+            return
+        except orjson.JSONDecodeError:
+            pass  # YAML in flow style, or several documents: the YAML loader says what is wrong
     try:
         yield from yaml.load_all(text, Loader=Loader)
     except yaml.YAMLError as exc:

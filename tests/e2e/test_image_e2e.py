@@ -7,10 +7,11 @@ bootstrapped with debootstrap (python3 3.11 with venv and pip, ``python`` on PAT
 ``FROM`` is the shipped Dockerfile: pip installs the project and its dependencies from the package index,
 the image's own build step runs every command's ``--version``.
 
-Then the image runs: each console script's ``--version`` (the version stamped at build), and the extender
-image serving the local control plane's kube-scheduler: the session's extender is stopped and the container
-listens on its port (host network), so the scheduler's extender configuration points at the container; a
-GPU pod created through the API server is bound by it with a GPU.
+Then the image runs (``buildah run``, chroot isolation: podman's runtime cannot start containers inside this
+machine's own container; see ``ImageContainer``): each console script's ``--version`` (the version stamped
+at build), and the extender image serving the local control plane's kube-scheduler: the session's extender
+is stopped and the container listens on its port (host network), so the scheduler's extender
+configuration points at the container; a GPU pod created through the API server is bound by it with a GPU.
 
 Opt-in: the module is skipped, with the reason, where buildah, podman or debootstrap is missing (``make
 test`` on a machine without them); ``.ci/run`` installs them and sets ``TF_IMAGE_TESTS=required``, which
@@ -20,7 +21,6 @@ turns the skip into a failure.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import uuid
@@ -55,14 +55,21 @@ def built_image(tmp_path_factory) -> str:
     return release.build_image(source, VERSION, None, base_image=base, name=IMAGE)
 
 
-def test_the_image_carries_the_version_and_every_command_prints_it(built_image):
+@pytest.fixture(scope="module")
+def container(built_image):
+    box = image.ImageContainer(built_image)
+    yield box
+    box.remove()
+
+
+def test_the_image_carries_the_version_and_every_command_prints_it(built_image, container):
     inspected = json.loads(image.run(["buildah", "inspect", "--type", "image", built_image]).stdout)
     labels = inspected["OCIv1"]["config"]["Labels"]
     assert labels["org.opencontainers.image.version"] == VERSION
     assert inspected["OCIv1"]["config"]["User"] == "65532:65532"
+    assert container.run(["id", "-u"]).stdout.strip() == "65532"
     for command in COMMANDS:
-        out = image.run(["podman", "run", "--rm", "--network", "host", built_image, command, "--version"],
-                        timeout=300)
+        out = container.run([command, "--version"])
         assert out.stdout.strip() == f"{command} {VERSION}", out.stderr
 
 
@@ -86,18 +93,18 @@ def _portable_kubeconfig(source: Path, folder: Path) -> Path:
 
 
 def test_the_extender_image_serves_the_schedulers_extender_calls(
-        built_image, control_plane, extender_runner, gpu_cluster, api_client, namespace, make_node, make_gpu,
+        container, control_plane, extender_runner, gpu_cluster, api_client, namespace, make_node, make_gpu,
         make_pool):
     extender_runner.stop()  # the scheduler's extender port is the container's now
     kubeconfig = _portable_kubeconfig(control_plane.extender_kubeconfig,
                                       control_plane.workdir / f"image-{uuid.uuid4().hex[:6]}")
-    name = f"tf-extender-image-{uuid.uuid4().hex[:6]}"
-    image.run(["podman", "run", "--detach", "--name", name, "--network", "host",
-               "--volume", f"{kubeconfig.parent}:/config:ro", built_image,
-               "tf-extender", "serve", "--kubeconfig", "/config/kubeconfig", "--port",
-               str(extender_runner.port)], timeout=300)
+    proc = control_plane.registry.start(
+        "tf-extender-image",
+        container.argv(["tf-extender", "serve", "--kubeconfig", "/config/kubeconfig",
+                        "--port", str(extender_runner.port)], volumes=[f"{kubeconfig.parent}:/config:ro"]),
+        control_plane.log_dir, env=image.storage_env())
     try:
-        cpl.wait_until(lambda: cpl.http_ready(f"{extender_runner.url}/readyz"), 120, interval=0.5,
+        cpl.wait_until(lambda: cpl.http_ready(f"{extender_runner.url}/readyz", proc), 120, interval=0.5,
                        what="the extender container's /readyz")
         pool = make_pool()
         node = f"image-{uuid.uuid4().hex[:6]}"
@@ -107,6 +114,5 @@ def test_the_extender_image_serves_the_schedulers_extender_calls(
         assert cpl.placement(api_client, namespace, "served", timeout=90) == (node, [f"{node}-gpu-0"])
         assert extender_runner.proc is None  # nothing but the container listens on the extender port
     finally:
-        with contextlib.suppress(Exception):
-            print(image.run(["podman", "logs", "--tail", "40", name], check=False).stderr)
-        image.run(["podman", "rm", "--force", name], check=False, timeout=120)
+        proc.stop()
+        control_plane.registry.forget(proc)

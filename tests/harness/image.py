@@ -22,6 +22,8 @@ MIRROR = os.environ.get("TF_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = ("python3", "python3-venv", "ca-certificates")
 BASE_STAND_IN = f"localhost/tensor-fusion-extender-base:python3.11-{SUITE}"
 TOOLS = ("buildah", "podman", "debootstrap")
+PATH = "/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
 def cache_dir() -> Path:
@@ -81,11 +83,52 @@ def image_exists(name: str) -> bool:
 
 
 def base_stand_in() -> str:
-    """The stand-in base image in buildah's storage (imported from the cached tarball when missing)."""
+    """The stand-in base image in buildah's storage (imported from the cached tarball when missing).
+
+    It trusts what this machine trusts: the host's CA bundle replaces Debian's, and pip is told to use it,
+    since here the package index is reached through a TLS-inspecting proxy whose CA only the host knows.
+    """
     tarball = rootfs_tarball()
     with open(cache_dir() / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not image_exists(BASE_STAND_IN):
-            run(["podman", "import", "--change", "ENV=PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:"
-                 "/usr/bin:/sbin:/bin", "--change", 'CMD=["python3"]', tarball, BASE_STAND_IN], timeout=900)
+        if image_exists(BASE_STAND_IN):
+            return BASE_STAND_IN
+        rootfs = f"{BASE_STAND_IN}-rootfs"
+        if not image_exists(rootfs):
+            run(["podman", "import", "--change", f"ENV=PATH={PATH}", "--change", 'CMD=["python3"]', tarball,
+                 rootfs], timeout=900)
+        container = run(["buildah", "from", "--pull-never", rootfs]).stdout.strip()
+        try:
+            if HOST_CA_BUNDLE.is_file():
+                run(["buildah", "copy", container, HOST_CA_BUNDLE, str(HOST_CA_BUNDLE)])
+                run(["buildah", "config", "--env", f"PIP_CERT={HOST_CA_BUNDLE}",
+                     "--env", f"SSL_CERT_FILE={HOST_CA_BUNDLE}", container])
+            run(["buildah", "commit", "--rm", container, BASE_STAND_IN], timeout=900)
+        except Exception:
+            run(["buildah", "rm", container], check=False)
+            raise
     return BASE_STAND_IN
+
+
+class ImageContainer:
+    """A working container of an image, whose commands run with ``buildah run`` (chroot isolation, the
+    host's network): podman's OCI runtime cannot start containers inside this machine's own container
+    (cgroups in hybrid mode, rlimits it may not raise), while buildah's chroot runs the same root file
+    system with the image's user, environment and working directory, as its RUN steps do."""
+
+    def __init__(self, image_name: str) -> None:
+        self.image = image_name
+        self.id = run(["buildah", "from", "--pull-never", image_name], timeout=900).stdout.strip()
+
+    def argv(self, command: Sequence[str | Path], volumes: Sequence[str] = ()) -> list[str]:
+        """The command line that runs ``command`` in the container (for a process the harness manages)."""
+        mounts = [arg for volume in volumes for arg in ("--volume", volume)]
+        return ["buildah", "run", "--isolation", "chroot", "--network", "host", *mounts, self.id, "--",
+                *(str(a) for a in command)]
+
+    def run(self, command: Sequence[str | Path], timeout: float = 300,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
+        return run(self.argv(command), timeout=timeout, check=check)
+
+    def remove(self) -> None:
+        run(["buildah", "rm", self.id], check=False, timeout=300)
