@@ -15,6 +15,8 @@ The snapshot is ``kubectl get -o yaml``-sized YAML written to a temporary folder
 from __future__ import annotations
 
 import argparse
+import json
+import resource
 import subprocess
 import tempfile
 import time
@@ -42,13 +44,19 @@ def write_snapshot(folder: Path, pods: int) -> tuple[Path, Path]:
     return cluster_file, pods_file
 
 
-def _timed(argv: list[str]) -> tuple[float, subprocess.CompletedProcess[str]]:
-    t0 = time.perf_counter()
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _timed(argv: list[str]) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+    """Wall time and CPU time (user + system) of one run of a command."""
+    t0, cpu0 = time.perf_counter(), _children_cpu()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr[-2000:]}")
-    return elapsed, proc
+    return elapsed, cpu, proc
 
 
 def _load_seconds(path: Path, loader: Any) -> float:
@@ -66,10 +74,15 @@ def run(quick: bool = False, pods: int | None = None) -> BenchResult:
         sizes = {"cluster_mb": round(cluster_file.stat().st_size / 1e6, 1),
                  "pods_mb": round(pods_file.stat().st_size / 1e6, 1)}
         log(f"offline_tools: snapshot of {pods} bound + {pods} pending pods ({sizes})")
-        simulate_s, sim = _timed([tool, "simulate", "--cluster", str(cluster_file), "--pods", str(pods_file)])
+        simulate_s, simulate_cpu, sim = _timed([tool, "simulate", "--cluster", str(cluster_file),
+                                                "--pods", str(pods_file)])
         placed = sum(1 for line in sim.stdout.splitlines() if '"node": null' not in line)
-        plan_s, planned = _timed([tool, "plan", "--cluster", str(cluster_file), "--defrag"])
+        plan_s, plan_cpu, planned = _timed([tool, "plan", "--cluster", str(cluster_file), "--defrag"])
         actions = len(planned.stdout.splitlines())
+        as_json = Path(tmp) / "cluster.json"  # what kubectl get -o json writes
+        as_json.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": list(
+            yaml.load_all(cluster_file.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))}))
+        plan_json_s, plan_json_cpu, _ = _timed([tool, "plan", "--cluster", str(as_json), "--defrag"])
         loads = {}
         candidates = (("SafeLoader", yaml.SafeLoader), ("CSafeLoader", getattr(yaml, "CSafeLoader", None)))
         for name, loader in candidates:
@@ -77,20 +90,26 @@ def run(quick: bool = False, pods: int | None = None) -> BenchResult:
                 loads[name] = sum(_load_seconds(f, loader) for f in (cluster_file, pods_file))
     table = Table(f"Offline tools on a {pods}-pod snapshot ({pods // PODS_PER_NODE} nodes, "
                   f"{pods // PODS_PER_NODE * 8} GPUs, {pods} bound pods; {pods} pods to place)",
-                  ["measure", "seconds", "notes"])
-    table.add("tf-extender simulate (process, end to end)", round(simulate_s, 2),
+                  ["measure", "wall s", "CPU s", "notes"])
+    table.add("tf-extender simulate (process, end to end)", round(simulate_s, 2), round(simulate_cpu, 2),
               f"{placed}/{pods} pods placed")
-    table.add("tf-extender plan --defrag (process, end to end)", round(plan_s, 2), f"{actions} actions")
+    table.add("tf-extender plan --defrag, YAML snapshot", round(plan_s, 2), round(plan_cpu, 2),
+              f"{actions} actions")
+    table.add("tf-extender plan --defrag, the same as JSON", round(plan_json_s, 2), round(plan_json_cpu, 2),
+              "one List document")
     for name, seconds in loads.items():
-        table.add(f"YAML load of both files, {name}", round(seconds, 2), "in-process")
+        table.add(f"YAML load of both files, {name}", round(seconds, 2), None, "in-process")
+    table.notes.append("CPU s is what the run costs on an idle core; wall s also counts waiting for a core "
+                       "on a loaded machine.")
     if len(loads) == 2:
         speedup = loads["SafeLoader"] / loads["CSafeLoader"]
         table.notes.append(f"libyaml's loader reads the snapshot {speedup:.1f}x faster than the pure-Python "
                            "one.")
-    targets = [Target(f"simulate at {pods} pods", round(simulate_s, 2), "<=", TARGET_SECONDS, "s"),
-               Target(f"plan at {pods} pods", round(plan_s, 2), "<=", TARGET_SECONDS, "s")]
-    data = {"pods": pods, **sizes, "simulate_s": simulate_s, "plan_s": plan_s, "placed": placed,
-            "plan_actions": actions, "yaml_load_s": loads}
+    targets = [Target(f"simulate at {pods} pods (CPU)", round(simulate_cpu, 2), "<=", TARGET_SECONDS, "s"),
+               Target(f"plan at {pods} pods (CPU)", round(plan_cpu, 2), "<=", TARGET_SECONDS, "s")]
+    data = {"pods": pods, **sizes, "simulate_s": simulate_s, "simulate_cpu_s": simulate_cpu,
+            "plan_s": plan_s, "plan_cpu_s": plan_cpu, "plan_json_s": plan_json_s,
+            "plan_json_cpu_s": plan_json_cpu, "placed": placed, "plan_actions": actions, "yaml_load_s": loads}
     return BenchResult("offline_tools", data, [table], targets)
 
 

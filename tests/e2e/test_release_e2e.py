@@ -1,0 +1,71 @@
+"""``make release``: one version on every artifact, and the artifacts work.
+
+``python -m tools.release`` (what ``make release VERSION=...`` runs) with a version no checkout carries and
+``--skip-image`` (the image half is ``test_image_e2e.py``, which needs buildah): the wheel installs into a
+scratch virtual environment where each console script prints that version, and the chart package carries
+it as version and appVersion, so its objects run the image of that tag.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tarfile
+import venv
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests import harness as cpl
+from tools import release
+
+pytestmark = pytest.mark.e2e
+
+VERSION = "0.0.2.dev7"
+SCRIPTS = ("tf-extender", "tf-webhook", "tf-certs", "kubectl-tf")
+
+
+@pytest.fixture(scope="module")
+def helm(e2e_binaries) -> Path:
+    binary = e2e_binaries.get("helm")
+    return binary if binary is not None and binary.exists() else cpl.build_binaries(["helm"])["helm"]
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory, helm) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    assert release.main(["--version", VERSION, "--dist", str(out), "--helm", str(helm), "--skip-image"]) == 0
+    return out
+
+
+def test_the_wheel_installs_and_every_console_script_prints_the_version(dist, tmp_path):
+    wheels = list(dist.glob("*.whl"))
+    assert [w.name for w in wheels] == [f"tensor_fusion_extender-{VERSION}-py3-none-any.whl"]
+    scratch = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(scratch)
+    subprocess.run([scratch / "bin" / "python", "-m", "pip", "install", "--quiet", wheels[0]], check=True,
+                   timeout=900, capture_output=True)
+    for script in SCRIPTS:
+        out = subprocess.run([scratch / "bin" / script, "--version"], capture_output=True, text=True,
+                             timeout=120)
+        assert (out.returncode, out.stdout) == (0, f"{script} {VERSION}\n"), out.stderr
+
+
+def test_the_chart_package_is_stamped_with_the_version(dist, helm):
+    package = dist / f"tensor-fusion-extender-{VERSION}.tgz"
+    with tarfile.open(package) as tar:
+        member = tar.extractfile("tensor-fusion-extender/Chart.yaml")
+        assert member is not None
+        chart = yaml.safe_load(member.read())
+    assert (chart["version"], chart["appVersion"]) == (VERSION, VERSION)
+    rendered = subprocess.run([helm, "template", "tfe", package, "--namespace", "tensor-fusion-sys"],
+                              capture_output=True, text=True, timeout=180, check=True).stdout
+    images = {c["image"] for doc in yaml.safe_load_all(rendered) if doc and doc.get("kind") == "Deployment"
+              for c in doc["spec"]["template"]["spec"]["containers"]}
+    assert f"tensor-fusion-extender:{VERSION}" in images, images
+
+
+def test_a_bad_version_is_refused_in_one_line(tmp_path, capsys):
+    assert release.main(["--version", "one", "--dist", str(tmp_path), "--skip-image"]) == 1
+    assert capsys.readouterr().err == ("release: VERSION='one' is not a release version such as 1.2.3 or "
+                                       "1.2.3rc1\n")
