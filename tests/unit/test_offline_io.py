@@ -16,7 +16,7 @@ from extender.common.progress import Progress
 
 def test_the_c_loader_is_used_where_pyyaml_has_it() -> None:
     assert yamlio.FAST is hasattr(yaml, "CSafeLoader")
-    assert yamlio.Loader is getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    assert issubclass(yamlio.Loader, getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def test_documents_json_and_yaml_read_alike() -> None:
@@ -66,3 +66,27 @@ def test_a_failed_run_prints_no_total() -> None:
         time.sleep(0.1)
         raise RuntimeError("x")
     assert "done in" not in stream.getvalue()
+
+
+@pytest.mark.parametrize("text", [
+    "a: &x [1, 2]\nb: *x\n",
+    "base: &b {x: 1}\nd:\n  <<: *b\n  y: 2\n",
+    "t: 2026-01-01T00:00:00Z\nn: null\nf: 1.5\nb: yes\ni: 0x1f\ns: '7'\n",
+    "- !!set {a, b}\n- !!binary aGk=\n- {1: one, [1, 2]: pair}\n",
+    "kind: Pod\nmetadata: {name: a, labels: {x: 'y'}}\nspec:\n  containers:\n  - name: c\n    ports: [80]\n",
+])
+def test_the_short_path_builds_what_the_safe_loader_builds(text: str) -> None:
+    try:
+        expected = list(yaml.safe_load_all(text))
+    except yaml.YAMLError:
+        with pytest.raises(yamlio.YAMLFileError):
+            list(yamlio.iter_documents(text, "x.yaml"))
+        return
+    assert list(yamlio.iter_documents(text, "x.yaml")) == expected
+
+
+def test_aliases_share_one_object_so_an_alias_bomb_stays_small() -> None:
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    (document,) = yamlio.iter_documents("\n".join(levels) + "\n", "bomb.yaml")
+    assert document["a8"][0] is document["a8"][9] is document["a7"]
