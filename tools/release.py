@@ -8,7 +8,8 @@ the committed tree (``git ls-files``) whose ``pyproject.toml`` carries it, so ev
 command's ``--version``, says the same version. Written to ``dist/``:
 
 - ``tensor_fusion_extender-X.Y.Z-py3-none-any.whl``: the four console scripts (``pipx install``);
-- ``tensor-fusion-extender-X.Y.Z.tgz``: the chart, version and appVersion X.Y.Z (``helm install``);
+- ``tensor-fusion-extender-X.Y.Z.tgz``: the chart, version and appVersion X.Y.Z (``helm install``; a
+  pre-release's chart version is spelt as SemVer: 1.2.3rc1 -> 1.2.3-rc1);
 - ``tensor-fusion-extender-X.Y.Z.oci.tar``: the image as an OCI archive (``skopeo copy`` or ``podman load``),
   also left in buildah's local storage as ``tensor-fusion-extender:X.Y.Z``.
 """
@@ -28,8 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CHART = Path("charts/tensor-fusion-extender")
 IMAGE_NAME = "tensor-fusion-extender"
-# What packaging tools accept as a release version: X.Y.Z with an optional pre-release or local part.
-VERSION_RE = re.compile(r"^\d+\.\d+\.\d+(?:[-.]?(?:a|b|rc|dev|post)\.?\d+)?(?:\+[A-Za-z0-9.]+)?$")
+# A version every artifact can carry as it is: X.Y.Z, optionally a pre-release (1.2.3rc1) and/or a
+# development release (1.2.3.dev4), spelt as PEP 440 normalises them (pip would rewrite other spellings) and
+# valid as an image tag. Helm wants SemVer 2 for a chart's version: ``chart_version`` spells it so.
+VERSION_RE = re.compile(r"^(\d+\.\d+\.\d+)((?:a|b|rc)\d+)?(?:\.(dev\d+))?$")
 _PYPROJECT_VERSION = re.compile(r'^version = "[^"]*"$', re.MULTILINE)
 
 
@@ -44,8 +47,20 @@ def project_version(root: Path = ROOT) -> str:
 
 def check_version(version: str) -> str:
     if not VERSION_RE.match(version):
-        raise ReleaseError(f"VERSION={version!r} is not a release version such as 1.2.3 or 1.2.3rc1")
+        raise ReleaseError(f"VERSION={version!r} is not a release version such as 1.2.3, 1.2.3rc1 or "
+                           "1.2.3.dev4")
     return version
+
+
+def chart_version(version: str) -> str:
+    """The SemVer spelling of a release version, for the chart's ``version``: 1.2.3rc1 -> 1.2.3-rc1,
+    1.2.3.dev4 -> 1.2.3-dev4, 1.2.3rc1.dev4 -> 1.2.3-rc1.dev4 (the chart's appVersion, the image tag it
+    runs, stays the version as it is)."""
+    match = VERSION_RE.match(check_version(version))
+    assert match is not None
+    core, pre, dev = match.groups()
+    suffix = ".".join(part for part in (pre, dev) if part)
+    return f"{core}-{suffix}" if suffix else core
 
 
 def _run(argv: Sequence[str | Path], cwd: Path | None = None, env: dict[str, str] | None = None,
@@ -96,15 +111,10 @@ def build_wheel(source: Path, dist: Path) -> Path:
 
 
 def package_chart(helm: str, source: Path, version: str, dist: Path) -> Path:
-    _run([helm, "package", source / CHART, "--version", version, "--app-version", version,
+    semver = chart_version(version)
+    _run([helm, "package", source / CHART, "--version", semver, "--app-version", version,
           "--destination", dist])
-    return dist / f"{IMAGE_NAME}-{version}.tgz"
-
-
-def image_tag(version: str) -> str:
-    """An image tag for ``version``: tags take no ``+``, so a local part is joined with ``_`` (as helm does
-    for OCI charts)."""
-    return version.replace("+", "_")
+    return dist / f"{IMAGE_NAME}-{semver}.tgz"
 
 
 def container_env() -> dict[str, str]:
@@ -117,7 +127,7 @@ def build_image(source: Path, version: str, dist: Path | None, base_image: str |
                 name: str = IMAGE_NAME) -> str:
     """``buildah bud`` of the Dockerfile (network host: pip reaches the package index); the image stays in
     buildah's storage as ``name:version`` and, with ``dist``, is also written there as an OCI archive."""
-    tag = f"{name}:{image_tag(version)}"
+    tag = f"{name}:{version}"
     argv: list[str | Path] = ["buildah", "bud", "--network", "host", "--layers",
                               "--build-arg", f"VERSION={version}", "--tag", tag]
     if base_image:

@@ -76,7 +76,9 @@ def test_kubectl_tf_status_reads_the_context_it_is_given(
 def test_kubectl_tf_status_watch_prints_screens_until_interrupted(kubeconfig, gpu_cluster):
     proc = subprocess.Popen([str(cpl.console_script("kubectl-tf")), "status", "--context", "e2e", "--watch",
                              "--watch-interval", "500ms"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "KUBECONFIG": str(kubeconfig)})
+                            text=True, env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+                            # as from a terminal: a background job of a shell inherits SIGINT ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         screens = 0
         deadline = time.monotonic() + 120 * cpl.TIMEOUT_SCALE

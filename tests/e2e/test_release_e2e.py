@@ -22,6 +22,7 @@ from tools import release
 pytestmark = pytest.mark.e2e
 
 VERSION = "0.0.2.dev7"
+CHART_VERSION = "0.0.2-dev7"  # Helm wants SemVer
 SCRIPTS = ("tf-extender", "tf-webhook", "tf-certs", "kubectl-tf")
 
 
@@ -52,12 +53,12 @@ def test_the_wheel_installs_and_every_console_script_prints_the_version(dist, tm
 
 
 def test_the_chart_package_is_stamped_with_the_version(dist, helm):
-    package = dist / f"tensor-fusion-extender-{VERSION}.tgz"
+    package = dist / f"tensor-fusion-extender-{CHART_VERSION}.tgz"
     with tarfile.open(package) as tar:
         member = tar.extractfile("tensor-fusion-extender/Chart.yaml")
         assert member is not None
         chart = yaml.safe_load(member.read())
-    assert (chart["version"], chart["appVersion"]) == (VERSION, VERSION)
+    assert (chart["version"], chart["appVersion"]) == (CHART_VERSION, VERSION)
     rendered = subprocess.run([helm, "template", "tfe", package, "--namespace", "tensor-fusion-sys"],
                               capture_output=True, text=True, timeout=180, check=True).stdout
     images = {c["image"] for doc in yaml.safe_load_all(rendered) if doc and doc.get("kind") == "Deployment"
@@ -67,5 +68,5 @@ def test_the_chart_package_is_stamped_with_the_version(dist, helm):
 
 def test_a_bad_version_is_refused_in_one_line(tmp_path, capsys):
     assert release.main(["--version", "one", "--dist", str(tmp_path), "--skip-image"]) == 1
-    assert capsys.readouterr().err == ("release: VERSION='one' is not a release version such as 1.2.3 or "
-                                       "1.2.3rc1\n")
+    assert capsys.readouterr().err == ("release: VERSION='one' is not a release version such as 1.2.3, "
+                                       "1.2.3rc1 or 1.2.3.dev4\n")
