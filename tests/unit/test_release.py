@@ -16,7 +16,8 @@ def test_the_version_is_pyprojects() -> None:
 
 
 @pytest.mark.parametrize(("good", "semver"), [
-    ("0.1.0", "0.1.0"), ("1.2.3rc1", "1.2.3-rc1"), ("1.2.3.dev4", "1.2.3-dev4"), ("1.2.3b2.dev4", "1.2.3-b2.dev4"),
+    ("0.1.0", "0.1.0"), ("1.2.3rc1", "1.2.3-rc1"), ("1.2.3.dev4", "1.2.3-dev4"),
+    ("1.2.3b2.dev4", "1.2.3-b2.dev4"),
 ])
 def test_release_versions_pass_and_the_chart_gets_their_semver_spelling(good: str, semver: str) -> None:
     assert release.check_version(good) == good
