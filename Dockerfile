@@ -13,13 +13,16 @@ FROM ${BASE_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# The dependencies first, in a layer of their own: a rebuild after a source change reuses it.
+RUN python -m venv /opt/venv \
+ && /opt/venv/bin/pip install --upgrade pip \
+ && /opt/venv/bin/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" > /tmp/requirements.txt \
+ && /opt/venv/bin/pip install -r /tmp/requirements.txt
 COPY extender ./extender
 COPY webhook ./webhook
 COPY certs ./certs
 COPY kubectl_tf ./kubectl_tf
-RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install --upgrade pip \
- && /opt/venv/bin/pip install .
+RUN /opt/venv/bin/pip install --no-deps .
 
 FROM ${BASE_IMAGE}
 ARG VERSION
