@@ -58,11 +58,11 @@ def test_the_wheel_installs_and_every_console_script_prints_the_version(dist, tm
     (Path(own) / "borrowed-dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
     where = subprocess.run([python, "-c", "import extender, importlib.metadata as m; "
                             "print(extender.__file__, m.version('tensor-fusion-extender'))"],
-                           capture_output=True, text=True, check=True).stdout.split()
+                           capture_output=True, text=True, check=True, cwd=tmp_path).stdout.split()
     assert where[0].startswith(own) and where[1] == VERSION  # the wheel's code, not the checkout's
     for script in SCRIPTS:
         out = subprocess.run([scratch / "bin" / script, "--version"], capture_output=True, text=True,
-                             timeout=120)
+                             timeout=120, cwd=tmp_path)
         assert (out.returncode, out.stdout) == (0, f"{script} {VERSION}\n"), out.stderr
 
 
