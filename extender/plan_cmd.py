@@ -76,6 +76,14 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--defrag", action="store_true",
                         help="also plan defragmentation: the evictions a run would make now in pools that "
                              "enable it, and the candidate nodes it would leave as they are")
+    parser.add_argument("--autoscale", action="store_true",
+                        help="also print each GPU workload's autoscaling recommendation and what a resize of "
+                             "each of its workers would do (needs --samples for usage)")
+    parser.add_argument("--samples", metavar="SAMPLES.json", default=None,
+                        help="usage samples for --autoscale: a JSON list of {namespace, workload, worker, "
+                             "tflops, vram, time}")
+    parser.add_argument("--cron-time-zone", default="UTC",
+                        help="IANA time zone of cronScalingRules without CRON_TZ= (default UTC)")
     parser.add_argument("--protection-time", type=float, default=DEFAULT_PROTECTION_SECONDS,
                         metavar="SECONDS",
                         help="empty nodes younger than this are never released (default 300)")
@@ -108,4 +116,30 @@ def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = Non
         lines = [json.dumps(action.as_json()) + "\n" for action in plan(inputs, planners)]
         sys.stdout.write("".join(lines))
         sys.stdout.flush()
+        if getattr(args, "autoscale", False):
+            return _plan_autoscale(args, inputs.state, objects, now)
+    return 0
+
+
+def _plan_autoscale(args: argparse.Namespace, state: ClusterState, objects: Sequence[dict[str, Any]],
+                    now: dt.datetime) -> int:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    from extender.autoscaling.usage import StaticUsageSource
+    from extender.controllers.autoscale.plan import plan_autoscale
+    from extender.controllers.autoscale.samples import load_samples
+
+    try:
+        zone = ZoneInfo(args.cron_time_zone)
+    except (ZoneInfoNotFoundError, ValueError):
+        print(f"tf-extender plan: --cron-time-zone {args.cron_time_zone!r} is not an IANA time zone",
+              file=sys.stderr)
+        return 2
+    samples, problems = load_samples(args.samples) if args.samples else (StaticUsageSource(), [])
+    for problem in problems[:10]:
+        print(f"tf-extender plan: --samples: {problem}", file=sys.stderr)
+    if problems and not samples.samples:
+        return 2
+    for entry in plan_autoscale(state, objects, samples, now, zone):
+        print(json.dumps(entry))
     return 0

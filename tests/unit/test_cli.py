@@ -188,6 +188,10 @@ def test_logs_are_json_lines_with_extra_fields(capsys: pytest.CaptureFixture[str
 # declared in four places, before each controller package declared its own: the chart and the manifests
 # pass these, so the gathered parser must keep every one with its default.
 SERVE_FLAGS_BEFORE_THE_REGISTRY: dict[str, tuple[str, Any, list[str] | None]] = {
+    "--autoscale": ("autoscale", False, None),
+    "--autoscale-cron-time-zone": ("autoscale_cron_time_zone", "UTC", None),
+    "--autoscale-interval": ("autoscale_interval", "30s", None),
+    "--autoscale-usage-file": ("autoscale_usage_file", None, None),
     "--bind-address": ("bind_address", "127.0.0.1", None),
     "--bind-deadline": ("bind_deadline", 55.0, None),
     "--capacity-controllers --no-capacity-controllers": ("capacity_enabled", True, None),
