@@ -12,17 +12,18 @@ ARG VERSION=0.0.0
 FROM ${BASE_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
-# The dependencies first, in a layer of their own: a rebuild after a source change reuses it.
+COPY requirements.lock ./
+# Exactly the locked versions, each file checked against its hash, so two builds of one commit install the
+# same packages; in a layer of their own, so a rebuild after a source change reuses it.
 RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install --upgrade pip \
- && /opt/venv/bin/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" > /tmp/requirements.txt \
- && /opt/venv/bin/pip install -r /tmp/requirements.txt
+ && /opt/venv/bin/pip install --require-hashes -r requirements.lock
+COPY pyproject.toml README.md ./
 COPY extender ./extender
 COPY webhook ./webhook
 COPY certs ./certs
 COPY kubectl_tf ./kubectl_tf
-RUN /opt/venv/bin/pip install --no-deps .
+# Then the project alone (its build backend is in the lock too).
+RUN /opt/venv/bin/pip install --no-deps --no-build-isolation .
 
 FROM ${BASE_IMAGE}
 ARG VERSION

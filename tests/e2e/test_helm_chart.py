@@ -152,6 +152,7 @@ def test_lint(helm, values):
 def test_default_render_is_manifests_plus_the_tls_hook(helm):
     chart = render(helm, "--include-crds")
     manifests = [o for o in cpl.render_kustomization(cpl.MANIFESTS) if o["kind"] != "Namespace"]
+    manifests += cpl.render_kustomization(cpl.CRDS_DIR)  # the chart's crds/: manifests/crds, kept apart
     assert_same_objects(manifests, [o for o in chart if not _is_hook(o)])
     hooks = sorted(_key(o) for o in chart if _is_hook(o))
     assert hooks == [
@@ -265,11 +266,16 @@ def test_values_reach_the_objects_and_every_command_line_is_valid(helm):
     )
     assert (args.expansion_enabled, args.write_gpu_status) == (False, False)
     # auto: TensorFusion's own controller (GPUNode API served) owns GPU status
-    tf = render(helm, "--api-versions", "tensor-fusion.ai/v1/GPUNode")
+    tf = render(helm, "--api-versions", "tensor-fusion.ai/v1/TensorFusionConnection")
     assert (
         "--write-gpu-status"
         not in _container(tf, "Deployment", "tensor-fusion-scheduler", "extender")["command"]
     )
+    # and its controllers own TensorFusionClusters' pools and the GPUNodes
+    tf_args = _parse(extender_cli.build_parser(),
+                     _container(tf, "Deployment", "tensor-fusion-scheduler", "extender")["command"])
+    assert (tf_args.tfcluster_enabled, tf_args.gpu_nodes_enabled) == (False, False)
+    assert (args.tfcluster_enabled, args.gpu_nodes_enabled) == (True, True)
 
 
 def test_tls_modes(helm):

@@ -67,7 +67,7 @@ def test_render_matches_kubectl_kustomize():
     kubectl = shutil.which("kubectl")
     if not kubectl:
         pytest.skip("kubectl not installed")
-    for d in (cpl.MANIFESTS, cpl.MANIFESTS / "optional"):
+    for d in (cpl.MANIFESTS, cpl.MANIFESTS / "crds", cpl.MANIFESTS / "optional"):
         try:
             out = subprocess.run(
                 [kubectl, "kustomize", str(d)], capture_output=True, text=True, timeout=60, check=True
@@ -85,6 +85,8 @@ def test_render_matches_kubectl_kustomize():
 
 def test_every_manifest_passes_server_side_dry_run(dyn, project_namespace, karpenter_crds):
     objs = cpl.render_kustomization(cpl.MANIFESTS)
+    assert "CustomResourceDefinition" not in {o["kind"] for o in objs}  # the base installs no CRD
+    objs += cpl.render_kustomization(cpl.CRDS_DIR)
     kinds = _kinds(objs)
     for expected in (
         "Namespace/tensor-fusion-sys",
@@ -329,6 +331,11 @@ def test_project_crd_defaults_a_minimal_object_as_tensor_fusion_does(api_client,
             "schedulingconfigtemplates": lambda: spec.get("placement", {}).get("mode"),
             "workloadprofiles": lambda: {k: spec.get(k) for k in PROFILE_FIELDS_WE_READ},
             "gpunodeclaims": lambda: spec,
+            "tensorfusionclusters": lambda: spec.get("gpuPools"),
+            "gpunodes": lambda: {k: status.get(k)
+                                 for k in ("phase", "totalTFlops", "totalVRAM", "totalGPUs")},
+            "gpunodeclasses": lambda: spec,
+            "tensorfusionworkloads": lambda: spec,
         }[plural]()
 
     assert fields_we_read(stored) == fields_we_read(expected)

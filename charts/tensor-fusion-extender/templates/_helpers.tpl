@@ -18,7 +18,7 @@ app.kubernetes.io/part-of: tensor-fusion-extender
 {{- define "tfe.writeGpuStatus" -}}
 {{- $value := .Values.extender.writeGpuStatus -}}
 {{- if eq (toString $value) "auto" -}}
-{{- if not (.Capabilities.APIVersions.Has "tensor-fusion.ai/v1/GPUNode") }}true{{ end -}}
+{{- if not (.Capabilities.APIVersions.Has "tensor-fusion.ai/v1/TensorFusionConnection") }}true{{ end -}}
 {{- else if $value -}}true{{- end -}}
 {{- end }}
 
