@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 JOBS ?= 4
 XDIST := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile --no-loadscope-reorder)
 
-.PHONY: test unit unit-lowest e2e lint typecheck venv demo bench control-plane clean docs
+.PHONY: test unit unit-lowest e2e lint typecheck venv demo bench control-plane clean docs release
 
 # The venv holds exactly requirements-test.lock (every version pinned, every file's hash checked), then the
 # project itself without resolving anything more. docs/development.md#dependencies says how to renew the locks.
@@ -34,7 +34,7 @@ lint: venv
 	$(BIN)/ruff check .
 
 typecheck: venv
-	$(BIN)/mypy extender webhook certs tools
+	$(BIN)/mypy extender webhook certs kubectl_tf tools
 
 unit: venv
 	$(BIN)/pytest -m "not e2e" $(XDIST) $(PYTEST_ARGS)
@@ -61,5 +61,12 @@ demo: venv control-plane
 bench: venv control-plane
 	$(BIN)/python -m bench.run $(if $(QUICK),--quick,)
 
+## make release [VERSION=x.y.z]: image (buildah), chart package (helm) and wheel of one version, in dist/;
+## VERSION defaults to pyproject.toml's. BASE_IMAGE=... builds the image from another base.
+release: venv
+	$(BIN)/python -m tools.release $(if $(VERSION),--version $(VERSION),) \
+	  --helm "$$(bash tests/harness/build-control-plane.sh helm | sed -n 's/^export TF_BIN_HELM=//p')" \
+	  $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE),)
+
 clean:
-	rm -rf $(VENV) $(LOWEST_VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(LOWEST_VENV) build dist *.egg-info .mypy_cache .pytest_cache .ruff_cache

@@ -32,10 +32,11 @@ from bench.common import (
     write_json,
 )
 
-ORDER = ("packing", "extender_cost", "webhook", "e2e")
+ORDER = ("packing", "extender_cost", "offline_tools", "webhook", "e2e")
 TITLES = {
     "packing": "Packing quality (simulator)",
     "extender_cost": "Extender cost vs cluster size",
+    "offline_tools": "Offline tools (simulate, plan) at 2,000 pods",
     "webhook": "Webhook throughput",
     "e2e": "End-to-end scheduling throughput",
 }
@@ -73,6 +74,10 @@ def run_all(quick: bool, only: set[str], profile: bool) -> dict[str, BenchResult
         from bench import extender_cost
 
         results["extender_cost"] = _guard("extender_cost", lambda: extender_cost.run(quick))
+    if "offline_tools" in only:
+        from bench import offline_tools
+
+        results["offline_tools"] = _guard("offline_tools", lambda: offline_tools.run(quick))
     if {"webhook", "e2e"} & only:
         cluster: Any = None
         try:

@@ -5,12 +5,21 @@ from __future__ import annotations
 import argparse
 import ssl
 import sys
+from importlib import metadata
 from pathlib import Path
 
 from certs import authority, files
 from certs.authority import CertificateError
 
 PROG = "tf-certs"
+
+
+def _version() -> str:
+    """The distribution's version, as extender.common.version reads it (certs imports nothing of extender)."""
+    try:
+        return metadata.version("tensor-fusion-extender")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Certificates for the tensor-fusion webhook and scheduler extender."
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     generate = commands.add_parser(

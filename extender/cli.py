@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from extender.common import eventloop
+from extender.common.version import version_line
 from extender.controllers import gpustatus, nudge, preemptor
 from extender.controllers.autoscale import config as workload_autoscale
 from extender.controllers.capacity import config as capacity_config
@@ -80,6 +81,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tf-extender", description=__doc__)
+    parser.add_argument("--version", action="version", version=version_line("tf-extender"))
     commands = parser.add_subparsers(dest="command", required=True)
 
     add_serve_arguments(commands.add_parser("serve", help="run the kube-scheduler HTTP extender"))

@@ -20,7 +20,9 @@ from extender.autoscaling.usage import StaticUsageSource
 from extender.cloud.nodeclass import parse_node_class
 from extender.cloud.provider import LaunchRequest
 from extender.cloud.vendor import parse_vendor
+from extender.common.progress import Progress
 from extender.common.timefmt import parse_time
+from extender.common.yamlio import YAMLFileError
 from extender.controllers.capacity.compaction_plan import plan_compaction
 from extender.controllers.capacity.config import DEFAULT_CLUSTER_NAME
 from extender.controllers.capacity.launch_plan import LaunchPayload, plan_launches, plan_provisioned_launches
@@ -32,7 +34,7 @@ from extender.planning.inputs import Inputs
 from extender.planning.removal import DEFAULT_PROTECTION_SECONDS
 from extender.scheduling.inventory import object_name
 from extender.scheduling.state import ClusterState
-from extender.simulate_cmd import load_cluster, read_objects
+from extender.simulate_cmd import load_cluster, read_file
 
 # The planners ``plan`` runs by default, in order; other planners register here with their own flag.
 DEFAULT_PLANNERS: list[Planner] = [plan_launches, plan_provisioned_launches, plan_compaction]
@@ -107,44 +109,50 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = None) -> int:
+    prog = getattr(args, "prog", "tf-extender plan")
     now = dt.datetime.now(dt.UTC)
     if args.now:
         parsed = parse_time(args.now)
         if parsed is None:
-            print(f"tf-extender plan: --now {args.now!r} is not an RFC 3339 time", file=sys.stderr)
+            print(f"{prog}: --now {args.now!r} is not an RFC 3339 time", file=sys.stderr)
             return 2
         now = parsed
-    try:
-        with open(args.cluster, encoding="utf-8") as handle:
-            objects = read_objects(handle.read())
-        catalog = DEFAULT_CATALOG
-        if args.catalog:
-            with open(args.catalog, encoding="utf-8") as handle:
-                catalog = parse_catalog(handle.read())
-    except (OSError, yaml.YAMLError, CapacityError) as exc:
-        print(f"tf-extender plan: {exc}", file=sys.stderr)
-        return 2
-    inputs = snapshot_inputs(objects, now=now, catalog=catalog, protection_seconds=args.protection_time)
-    if planners is None:
-        planners = [*DEFAULT_PLANNERS, *([plan_defrag] if getattr(args, "defrag", False) else [])]
-    vendor_raw: Any = next(((o.get("spec") or {}).get("computingVendor") for o in objects
-                            if _kind(o) == "TensorFusionCluster"), None)
-    if getattr(args, "computing_vendor", None):
+    with Progress(prog) as progress:
         try:
-            with open(args.computing_vendor, encoding="utf-8") as handle:
-                vendor_raw = yaml.safe_load(handle)
-        except (OSError, yaml.YAMLError) as exc:
-            print(f"tf-extender plan: {exc}", file=sys.stderr)
+            objects = read_file(args.cluster, progress)
+            catalog = DEFAULT_CATALOG
+            if args.catalog:
+                with open(args.catalog, encoding="utf-8") as handle:
+                    catalog = parse_catalog(handle.read())
+        except (OSError, YAMLFileError, yaml.YAMLError, CapacityError) as exc:
+            print(f"{prog}: {exc}", file=sys.stderr)
             return 2
-    classes = {object_name(o): o for o in objects if _kind(o) == "GPUNodeClass"}
-    for action in plan(inputs, planners):
-        line = action.as_json()
-        if action.action == "launch" and action.payload.config.launches_vms:
-            line["cloudRequest"] = cloud_request(action.payload, classes, vendor_raw,
-                                                 getattr(args, "cluster_name", DEFAULT_CLUSTER_NAME))
-        print(json.dumps(line, default=str))
-    if getattr(args, "autoscale", False):
-        return _plan_autoscale(args, inputs.state, objects, now)
+        progress.begin("loading the snapshot")
+        inputs = snapshot_inputs(objects, now=now, catalog=catalog, protection_seconds=args.protection_time)
+        if planners is None:
+            planners = [*DEFAULT_PLANNERS, *([plan_defrag] if getattr(args, "defrag", False) else [])]
+        vendor_raw: Any = next(((o.get("spec") or {}).get("computingVendor") for o in objects
+                                if _kind(o) == "TensorFusionCluster"), None)
+        if getattr(args, "computing_vendor", None):
+            try:
+                with open(args.computing_vendor, encoding="utf-8") as handle:
+                    vendor_raw = yaml.safe_load(handle)
+            except (OSError, yaml.YAMLError) as exc:
+                print(f"{prog}: {exc}", file=sys.stderr)
+                return 2
+        classes = {object_name(o): o for o in objects if _kind(o) == "GPUNodeClass"}
+        progress.begin("planning")
+        lines = []
+        for action in plan(inputs, planners):
+            line = action.as_json()
+            if action.action == "launch" and action.payload.config.launches_vms:
+                line["cloudRequest"] = cloud_request(action.payload, classes, vendor_raw,
+                                                     getattr(args, "cluster_name", DEFAULT_CLUSTER_NAME))
+            lines.append(json.dumps(line, default=str) + "\n")
+        sys.stdout.write("".join(lines))
+        sys.stdout.flush()
+        if getattr(args, "autoscale", False):
+            return _plan_autoscale(args, inputs.state, objects, now)
     return 0
 
 

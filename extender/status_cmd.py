@@ -11,8 +11,10 @@ not what a node agent last wrote. A human table by default, ``-o json`` for scri
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -224,52 +226,109 @@ def kube_lister(api_client: Any) -> Callable[[Resource, str | None], list[dict[s
     return list_all
 
 
+def in_namespace(report: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+    """The report with only ``namespace``'s pending pods and the NodeClaims made for them. The pool figures
+    stay cluster-wide: a GPU's shares are held by pods of every namespace."""
+    prefix = f"{namespace}/"
+    pools = []
+    for pool in report["pools"]:
+        pools.append({**pool,
+                      "pendingPods": [p for p in pool["pendingPods"] if p["pod"].startswith(prefix)],
+                      "nodeClaimsInFlight": [c for c in pool["nodeClaimsInFlight"]
+                                             if str(c.get("forPod", prefix)).startswith(prefix)]})
+    return {**report, "pools": pools}
+
+
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: ~/.kube/config)")
+    parser.add_argument("--kubeconfig", default=None,
+                        help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
+    parser.add_argument("--context", default=None,
+                        help="the kubeconfig context to use (default: its current context)")
+    parser.add_argument("-n", "--namespace", default=None,
+                        help="list only this namespace's pending GPU pods (pool figures stay cluster-wide)")
     parser.add_argument("-o", "--output", default="table", choices=["table", "json"],
                         help="a table for people (default) or JSON for scripts")
     parser.add_argument("--prometheus", metavar="URL", default=None,
                         help="also show allocated vs used per pool, node, GPU and workload, use read from "
                              "dcgm-exporter's series in this Prometheus")
+    parser.add_argument("-w", "--watch", action="store_true",
+                        help="read and print again every --watch-interval until interrupted")
+    parser.add_argument("--watch-interval", type=_interval, default="2s", metavar="DURATION",
+                        help="time between two screens of --watch, a Go duration (default 2s)")
+
+
+def _interval(text: str) -> float:
+    from extender.common.timefmt import parse_duration
+
+    try:
+        seconds = parse_duration(text).total_seconds()
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 2s or 1m ({exc})") from exc
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the interval must be more than 0s")
+    return seconds
 
 
 def main_status(args: argparse.Namespace, out: Any = None) -> int:
     from extender.kube.client import KubeConfigError, error_message, load_api_client
 
     out = out or sys.stdout
+    prog = getattr(args, "prog", "tf-extender status")
     try:
-        api_client = load_api_client(args.kubeconfig)
+        api_client = load_api_client(args.kubeconfig, context=args.context)
     except KubeConfigError as exc:
-        print(f"tf-extender: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     try:
-        snapshot = read_snapshot(kube_lister(api_client))
-    except Exception as exc:
-        print(f"tf-extender: cannot read the cluster: {error_message(exc)}", file=sys.stderr)
-        return 1
+        while True:
+            try:
+                snapshot = read_snapshot(kube_lister(api_client))
+            except Exception as exc:
+                print(f"{prog}: cannot read the cluster: {error_message(exc)}", file=sys.stderr)
+                if not args.watch:
+                    return 1
+            else:
+                report = build_report(snapshot)
+                if args.namespace:
+                    report = in_namespace(report, args.namespace)
+                code, usage = _usage(args, snapshot, prog)
+                if usage is not None:
+                    report["usage"] = usage
+                if args.watch and args.output == "table":
+                    out.write(_SCREEN_START if out.isatty() else
+                              f"--- {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}\n")
+                if args.output == "json":
+                    out.write(json.dumps(report, indent=2) + "\n")
+                else:
+                    out.write(render_table(report) + (_render_usage(usage) if usage is not None else ""))
+                out.flush()
+                if not args.watch:
+                    return code
+            time.sleep(args.watch_interval)
+    except KeyboardInterrupt:  # the way out of --watch
+        return 0
     finally:
         api_client.close()  # type: ignore[no-untyped-call]
-    report = build_report(snapshot)
-    code, usage = 0, None
-    if getattr(args, "prometheus", None):
-        from extender.status_usage import (
-            FB_QUERY,
-            UTIL_QUERY,
-            PrometheusError,
-            instant,
-            render_usage,
-            usage_report,
-        )
 
-        try:
-            util, fb = instant(args.prometheus, UTIL_QUERY), instant(args.prometheus, FB_QUERY)
-            usage = usage_report(report_state(snapshot), snapshot.pods, util, fb)
-            report["usage"] = usage
-        except PrometheusError as exc:
-            print(f"tf-extender: no usage: {exc}", file=sys.stderr)
-            code = 1
-    if args.output == "json":
-        out.write(json.dumps(report, indent=2) + "\n")
-    else:
-        out.write(render_table(report) + (render_usage(usage) if usage is not None else ""))
-    return code
+
+def _usage(args: argparse.Namespace, snapshot: Any, prog: str) -> tuple[int, dict[str, Any] | None]:
+    """With --prometheus, allocated vs used from dcgm-exporter's series: (exit code, the usage report)."""
+    if not getattr(args, "prometheus", None):
+        return 0, None
+    from extender.status_usage import FB_QUERY, UTIL_QUERY, PrometheusError, instant, usage_report
+
+    try:
+        util, fb = instant(args.prometheus, UTIL_QUERY), instant(args.prometheus, FB_QUERY)
+    except PrometheusError as exc:
+        print(f"{prog}: no usage: {exc}", file=sys.stderr)
+        return 1, None
+    return 0, usage_report(report_state(snapshot), snapshot.pods, util, fb)
+
+
+def _render_usage(usage: dict[str, Any]) -> str:
+    from extender.status_usage import render_usage
+
+    return render_usage(usage)
+
+
+_SCREEN_START = "\x1b[H\x1b[2J"  # cursor home, clear the screen: each --watch screen replaces the last

@@ -40,6 +40,7 @@ _SMOKE_FIRST = ("tests/e2e/test_controlplane.py", "tests/e2e/test_manifests.py")
 # Longest first, by each module's wall time in a parallel run (the "slowest modules" section of a run):
 # seconds, the mean of two runs with four workers on two shared cores.
 _LONGEST_FIRST = (
+    "tests/e2e/test_image_e2e.py",  # 360 on a loaded machine (buildah build; skipped without buildah)
     "tests/e2e/test_demo.py",  # 360
     "tests/e2e/test_capacity_e2e.py",  # 274
     "tests/e2e/test_cluster_autoscaler.py",  # 223 (with TF_CLUSTER_AUTOSCALER)
@@ -51,6 +52,8 @@ _LONGEST_FIRST = (
     "tests/e2e/test_operating_e2e.py",  # 75
     "tests/e2e/test_burst_e2e.py",  # 64
     "tests/e2e/test_expansion_overlay.py",  # 63
+    "tests/e2e/test_kubectl_tf_e2e.py",  # 40
+    "tests/e2e/test_release_e2e.py",  # 55 (wheel into a scratch venv)
     "tests/e2e/test_helm_chart.py",  # 35
     "tests/e2e/test_autoscaler_pods.py",  # 34
 )

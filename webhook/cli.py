@@ -17,6 +17,8 @@ import yaml
 from extender.common import eventloop
 from extender.common.logs import setup_logging
 from extender.common.tasks import cancel_and_wait
+from extender.common.version import version_line
+from extender.common.yamlio import YAMLFileError, iter_documents
 from webhook.karpenter import DoNotDisruptSwitch, Mode, api_probe, running
 from webhook.mutation import mutate
 from webhook.server import (
@@ -37,6 +39,7 @@ EXIT_USAGE = 2
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tf-webhook", description=__doc__)
+    parser.add_argument("--version", action="version", version=version_line("tf-webhook"))
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="serve the mutating admission webhook over HTTPS")
@@ -59,7 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "consolidate nodes under them: auto (while the API serves Karpenter's "
                             "NodeClaims), true, false")
 
-    offline = commands.add_parser("mutate", help="show what the webhook does to a pod, without a cluster")
+    add_mutate_arguments(commands.add_parser(
+        "mutate", help="show what the webhook does to a pod, without a cluster"))
+    return parser
+
+
+def add_mutate_arguments(offline: argparse.ArgumentParser) -> None:
+    """``mutate``'s flags (``tf-webhook mutate`` and ``kubectl tf mutate``; both run ``run_mutate``)."""
     offline.add_argument("--pod", required=True, help="pod manifest (YAML or JSON); - for stdin")
     offline.add_argument("--objects", default=None,
                          help="YAML stream or List of GPUPools, WorkloadProfiles, SchedulingConfigTemplates, "
@@ -68,7 +77,6 @@ def build_parser() -> argparse.ArgumentParser:
                          help="namespace of the pod (default: its own, else default)")
     offline.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER_NAME)
     offline.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -88,9 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_mutate(args: argparse.Namespace) -> int:
     try:
         pod = _read_pod(args.pod)
-        objects = load_objects(_read_text(args.objects)) if args.objects else []
+        objects = load_objects(_read_text(args.objects), args.objects) if args.objects else []
     except (OSError, ObjectsError) as exc:
-        print(f"tf-webhook mutate: {exc}", file=sys.stderr)
+        print(f"{getattr(args, 'prog', 'tf-webhook mutate')}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     namespace = args.namespace or str((pod.get("metadata") or {}).get("namespace") or "") or "default"
     view = StaticClusterView(objects, default_namespace=namespace)
@@ -111,9 +119,9 @@ def _read_text(path: str) -> str:
 
 def _read_pod(path: str) -> dict[str, Any]:
     try:
-        documents = [d for d in yaml.safe_load_all(_read_text(path)) if d is not None]
-    except yaml.YAMLError as exc:
-        raise ObjectsError(f"{path}: not valid YAML: {exc}") from exc
+        documents = [d for d in iter_documents(_read_text(path), path) if d is not None]
+    except YAMLFileError as exc:
+        raise ObjectsError(str(exc)) from exc
     if len(documents) != 1 or not isinstance(documents[0], dict) or documents[0].get("kind") != "Pod":
         raise ObjectsError(f"{path}: expected exactly one object of kind Pod")
     return documents[0]

@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-import yaml
-
 from extender.common.contract import DEFAULT_POOL_ANNOTATION
+from extender.common.yamlio import YAMLFileError, iter_documents
 
 KubeObject = dict[str, Any]
 
@@ -88,12 +87,13 @@ class ObjectsError(ValueError):
     """The objects document is not a YAML stream or List of Kubernetes objects."""
 
 
-def load_objects(text: str) -> list[KubeObject]:
-    """Objects from a YAML (or JSON) stream; ``kind: List`` (or ``*List``) documents are flattened."""
+def load_objects(text: str, source: str = "objects") -> list[KubeObject]:
+    """Objects from a YAML (or JSON) stream; ``kind: List`` (or ``*List``) documents are flattened. Bad
+    YAML names ``source`` and the line."""
     try:
-        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
-    except yaml.YAMLError as exc:
-        raise ObjectsError(f"not valid YAML: {exc}") from exc
+        documents = [doc for doc in iter_documents(text, source) if doc is not None]
+    except YAMLFileError as exc:
+        raise ObjectsError(str(exc)) from exc
     objects: list[KubeObject] = []
     pending = list(documents)
     while pending:

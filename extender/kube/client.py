@@ -32,19 +32,24 @@ class KubeConfigError(RuntimeError):
     """No usable Kubernetes configuration."""
 
 
-def load_api_client(kubeconfig: str | None) -> client.ApiClient:
+def load_api_client(kubeconfig: str | None, context: str | None = None) -> client.ApiClient:
     """A client from ``kubeconfig``; when None, the in-cluster service account inside a pod, else the
-    default kubeconfig."""
+    default kubeconfig ($KUBECONFIG or ~/.kube/config). ``context`` picks a kubeconfig context other than
+    its current one (and always means a kubeconfig, never the in-cluster account)."""
     configuration = client.Configuration()
     try:
-        if kubeconfig:
-            _untyped(config.load_kube_config, config_file=kubeconfig, client_configuration=configuration)
+        if kubeconfig or context:
+            _untyped(config.load_kube_config, config_file=kubeconfig, context=context,
+                     client_configuration=configuration)
         elif os.environ.get("KUBERNETES_SERVICE_HOST"):
             _untyped(config.load_incluster_config, client_configuration=configuration)
         else:
             _untyped(config.load_kube_config, client_configuration=configuration)
     except (config.ConfigException, OSError, ValueError) as exc:
-        source = kubeconfig or "in-cluster config or default kubeconfig"
+        source = kubeconfig or ("default kubeconfig" if context else
+                                "in-cluster config or default kubeconfig")
+        if context:
+            source += f", context {context!r}"
         raise KubeConfigError(f"cannot load Kubernetes configuration ({source}): {exc}") from exc
     configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE
     return client.ApiClient(configuration)

@@ -32,14 +32,15 @@ def _dockerfile_instructions() -> list[tuple[str, str]]:
 
 def _tf_commands(text: str) -> set[str]:
     """Words tf-<name> that are not the start of a longer name (the object name tf-scheduling-config)."""
-    return set(re.findall(r"\btf-[a-z]+\b(?![-.])", text))
+    return set(re.findall(r"\b(?:tf-[a-z]+|kubectl-tf)\b(?![-.])", text))
 
 
 def test_dockerfile_is_multi_stage_and_runs_as_non_root() -> None:
     instructions = _dockerfile_instructions()
     bases = [rest for keyword, rest in instructions if keyword == "FROM"]
     assert len(bases) >= 2, "build and runtime stages"
-    assert all("slim" in base for base in bases)
+    assert all(base == "${BASE_IMAGE}" or base.startswith("${BASE_IMAGE} ") for base in bases)
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim$", (ROOT / "Dockerfile").read_text(), re.M)
     users = [rest for keyword, rest in instructions if keyword == "USER"]
     assert users and not users[-1].startswith(("root", "0")), "the runtime user is not root"
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 from typing import Any
@@ -139,9 +138,10 @@ def test_json_output_is_the_report(monkeypatch: pytest.MonkeyPatch):
     from extender import status_cmd
 
     monkeypatch.setattr(status_cmd, "read_snapshot", lambda _lister: _snapshot())
-    monkeypatch.setattr("extender.kube.client.load_api_client", lambda _path: _Closable())
+    monkeypatch.setattr("extender.kube.client.load_api_client", lambda _path, context=None: _Closable())
     out = io.StringIO()
-    assert status_cmd.main_status(argparse.Namespace(kubeconfig=None, output="json"), out) == 0
+    args = cli.build_parser().parse_args(["status", "-o", "json"])
+    assert status_cmd.main_status(args, out) == 0
     assert json.loads(out.getvalue()) == build_report(_snapshot())
 
 
@@ -180,10 +180,10 @@ def test_status_with_an_unreachable_prometheus_still_reports_and_says_why(monkey
         def close(self) -> None:
             pass
 
-    monkeypatch.setattr("extender.kube.client.load_api_client", lambda path: Client())
+    monkeypatch.setattr("extender.kube.client.load_api_client", lambda path, context=None: Client())
     monkeypatch.setattr(status_cmd, "read_snapshot", lambda lister: _snapshot())
     out = io.StringIO()
-    args = argparse.Namespace(kubeconfig=None, output="table", prometheus="http://127.0.0.1:9")
+    args = cli.build_parser().parse_args(["status", "--prometheus", "http://127.0.0.1:9"])
     assert status_cmd.main_status(args, out) == 1
     assert "POOL" in out.getvalue()
     assert "no usage: Prometheus at http://127.0.0.1:9" in capsys.readouterr().err
