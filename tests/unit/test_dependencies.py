@@ -41,7 +41,7 @@ def test_every_runtime_dependency_has_a_floor_and_the_constraints_pin_it() -> No
 
 
 def _locked(path: Path) -> dict[str, str]:
-    """name -> version of a pip-compile --generate-hashes lock; every pin carries a hash."""
+    """name -> version of a hashed lock (uv pip compile --generate-hashes); every pin carries a hash."""
     text = path.read_text().replace("\\\n", " ")
     out = {}
     for line in text.splitlines():
@@ -62,7 +62,7 @@ def test_the_locks_pin_every_dependency_with_hashes_within_the_allowed_ranges() 
                               + [(r, test) for r in project["dependencies"]]
                               + [(r, test) for r in project["optional-dependencies"]["test"]]):
         name, spec, _ = _split(requirement)
-        assert name in lock, f"{name} is not in the lock: run pip-compile (docs/development.md#dependencies)"
+        assert name in lock, f"{name} is not in the lock: renew the locks (docs/development.md#dependencies)"
         version = tuple(int(p) for p in re.findall(r"\d+", lock[name])[:3])
         for part in filter(None, spec.split(",")):
             bound = tuple(int(p) for p in re.findall(r"\d+", part)[:3])
