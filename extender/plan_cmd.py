@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import yaml
 
+from extender.common.options import duration
+from extender.common.output import add_output_argument, json_lines, table, yaml_document
 from extender.common.timefmt import parse_time
 from extender.controllers.capacity.compaction_plan import plan_compaction
 from extender.controllers.capacity.launch_plan import plan_launches
@@ -71,12 +72,13 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instance types over the built-in catalog (a file or a ConfigMap manifest)")
     parser.add_argument("--now", metavar="RFC3339", default=None,
                         help="the time to plan at, for node ages (default: now)")
-    parser.add_argument("--defrag", action="store_true",
+    parser.add_argument("--defrag", action=argparse.BooleanOptionalAction, default=False,
                         help="also plan defragmentation: the evictions a run would make now in pools that "
                              "enable it, and the candidate nodes it would leave as they are")
-    parser.add_argument("--protection-time", type=float, default=DEFAULT_PROTECTION_SECONDS,
-                        metavar="SECONDS",
-                        help="empty nodes younger than this are never released (default 300)")
+    parser.add_argument("--protection-time", type=duration("--protection-time"),
+                        default=DEFAULT_PROTECTION_SECONDS, metavar="DURATION",
+                        help="empty nodes younger than this are never released (default 5m)")
+    add_output_argument(parser, "json", "one JSON object per action and line, for jq")
 
 
 def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = None) -> int:
@@ -100,6 +102,11 @@ def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = Non
     inputs = snapshot_inputs(objects, now=now, catalog=catalog, protection_seconds=args.protection_time)
     if planners is None:
         planners = [*DEFAULT_PLANNERS, *([plan_defrag] if getattr(args, "defrag", False) else [])]
-    for action in plan(inputs, planners):
-        print(json.dumps(action.as_json()))
+    rows = [action.as_json() for action in plan(inputs, planners)]
+    if args.output == "table":
+        sys.stdout.write(table(rows, ("action", "pool", "node", "reason")))
+    elif args.output == "yaml":
+        sys.stdout.write(yaml_document(rows))
+    else:
+        sys.stdout.write(json_lines(rows))
     return 0

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 from collections import Counter
 from collections.abc import Iterable
@@ -17,6 +16,7 @@ from typing import Any
 import yaml
 
 from extender.common.contract import GPU_IDS, ContractError, RequestContext, parse_request, render_annotations
+from extender.common.output import add_output_argument, json_lines, table, yaml_document
 from extender.scheduling.placement import Mode
 from extender.scheduling.state import ClusterState, Kind, PlacementError, pod_key
 
@@ -136,6 +136,7 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pods", required=True, metavar="PODS.yaml", help="pods to place, in order")
     parser.add_argument("--mode", choices=[m.value for m in Mode], default=None,
                         help="placement mode for every pool (default: each pool's own)")
+    add_output_argument(parser, "json", "one JSON object per pod and line, in order")
 
 
 def main_simulate(args: argparse.Namespace) -> int:
@@ -148,7 +149,12 @@ def main_simulate(args: argparse.Namespace) -> int:
         print(f"tf-extender simulate: {exc}", file=sys.stderr)
         return 2
     results, state = simulate_with_state(cluster, pods, args.mode)
-    for result in results:
-        print(json.dumps(result))
+    output = getattr(args, "output", "json")
+    if output == "table":
+        sys.stdout.write(table(results, ("pod", "node", "gpus", "reason")))
+    elif output == "yaml":
+        sys.stdout.write(yaml_document(results))
+    else:
+        sys.stdout.write(json_lines(results))
     print(utilisation_summary(state), file=sys.stderr)
     return 0

@@ -19,6 +19,7 @@ from typing import Any
 
 from extender.common.contract import COMPONENT_LABEL, COMPONENT_WORKER, GPU_POOL, POOL_LABEL, ContractError
 from extender.common.labels import EXPANSION_LABEL, EXPANSION_POD_ANNOTATION, NODEPOOL_LABEL
+from extender.common.output import add_output_argument, yaml_document
 from extender.controllers.gpustatus import PoolTotals, node_parts, tflops_text, vram_text
 from extender.kube import resources
 from extender.kube.resources import Resource
@@ -221,8 +222,7 @@ def kube_lister(api_client: Any) -> Callable[[Resource, str | None], list[dict[s
 
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: ~/.kube/config)")
-    parser.add_argument("-o", "--output", default="table", choices=["table", "json"],
-                        help="a table for people (default) or JSON for scripts")
+    add_output_argument(parser, "table", "one JSON document for scripts")
 
 
 def main_status(args: argparse.Namespace, out: Any = None) -> int:
@@ -242,5 +242,10 @@ def main_status(args: argparse.Namespace, out: Any = None) -> int:
     finally:
         api_client.close()  # type: ignore[no-untyped-call]
     report = build_report(snapshot)
-    out.write(json.dumps(report, indent=2) + "\n" if args.output == "json" else render_table(report))
+    if args.output == "json":
+        out.write(json.dumps(report, indent=2) + "\n")
+    elif args.output == "yaml":
+        out.write(yaml_document(report))
+    else:
+        out.write(render_table(report))
     return 0

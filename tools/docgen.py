@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from extender.common.options import DurationType
+from extender.common.timefmt import format_duration
+
 ROOT = Path(__file__).resolve().parent.parent
 FLAGS_FILE = Path("docs/reference/flags.md")
 METRICS_FILE = Path("docs/reference/metrics.md")
@@ -57,6 +60,8 @@ def _default(action: argparse.Action) -> str:
         return "on" if action.default else "off"
     if action.default is None or action.default == argparse.SUPPRESS:
         return ""
+    if isinstance(action.type, DurationType) and isinstance(action.default, int | float):
+        return f"`{format_duration(action.default)}`"
     return f"`{action.default}`"
 
 

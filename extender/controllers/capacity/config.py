@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from extender.common.options import duration
 from extender.controllers import LEADER_LEASE
 from extender.planning.removal import DEFAULT_PROTECTION_SECONDS
 
@@ -38,10 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        action=argparse.BooleanOptionalAction, default=True,
                        help="run the Karpenter-mode provisioner and the compaction of empty nodes "
                             f"(default on; one active per cluster, Lease {LEADER_LEASE})")
-    group.add_argument("--capacity-interval", type=float, default=DEFAULT_INTERVAL, metavar="SECONDS",
-                       help="reconcile pools this often at the latest (default 10)")
-    group.add_argument("--node-protection-time", type=float, default=DEFAULT_PROTECTION_SECONDS,
-                       metavar="SECONDS", help="never remove an empty node younger than this (default 300)")
+    group.add_argument("--capacity-interval", type=duration("--capacity-interval", positive=True),
+                       default=DEFAULT_INTERVAL, metavar="DURATION",
+                       help="reconcile pools this often at the latest (default 10s)")
+    group.add_argument("--node-protection-time", type=duration("--node-protection-time"),
+                       default=DEFAULT_PROTECTION_SECONDS, metavar="DURATION",
+                       help="never remove an empty node younger than this (default 5m)")
     group.add_argument("--catalog", dest="catalog_file", default=None, metavar="CATALOG.yaml",
                        help="instance types over the built-in catalog (see tf-extender plan)")
     group.add_argument("--catalog-configmap", default=None, metavar="NAMESPACE/NAME",
