@@ -1,6 +1,7 @@
 """Write the generated references: ``docs/reference/flags.md`` from the command-line parsers of
-``tf-extender``, ``tf-webhook`` and ``tf-certs``, and ``docs/reference/metrics.md`` from the metric
-registries of ``tf-extender serve`` (with every controller enabled) and ``tf-webhook serve``.
+``tf-extender``, ``tf-webhook`` and ``tf-certs``, ``docs/reference/metrics.md`` from the metric
+registries of ``tf-extender serve`` (with every controller enabled) and ``tf-webhook serve``, and the
+chart's ``README.md`` and ``values.schema.json`` from its ``values.yaml`` (tools/chartdoc.py).
 
     python -m tools.docgen            # write both files (make docs)
     python -m tools.docgen --check    # exit 1 when a committed file differs from what would be written
@@ -212,8 +213,18 @@ def metrics_markdown(sources: Iterable[tuple[str, Callable[[], Any]]] | None = N
 # -- the command ---------------------------------------------------------------------------------------
 
 
+def chart_files() -> dict[Path, str]:
+    """The chart's README.md and values.schema.json, from its values.yaml."""
+    from tools import chartdoc
+
+    values = (ROOT / chartdoc.VALUES_FILE).read_text(encoding="utf-8")
+    header = _HEADER.format(command=COMMAND, source=f"{chartdoc.VALUES_FILE.name} and its comments")
+    return {chartdoc.README_FILE: chartdoc.readme(values, header),
+            chartdoc.SCHEMA_FILE: chartdoc.schema_json(values)}
+
+
 def generated() -> dict[Path, str]:
-    return {FLAGS_FILE: flags_markdown(), METRICS_FILE: metrics_markdown()}
+    return {FLAGS_FILE: flags_markdown(), METRICS_FILE: metrics_markdown(), **chart_files()}
 
 
 def stale(root: Path = ROOT) -> list[Path]:
