@@ -148,3 +148,15 @@ def test_json_output_is_the_report(monkeypatch: pytest.MonkeyPatch):
 class _Closable:
     def close(self) -> None:
         pass
+
+
+def test_yaml_output_is_the_report(monkeypatch: pytest.MonkeyPatch):
+    import yaml
+
+    from extender import status_cmd
+
+    monkeypatch.setattr(status_cmd, "read_snapshot", lambda _lister: _snapshot())
+    monkeypatch.setattr("extender.kube.client.load_api_client", lambda _path: _Closable())
+    out = io.StringIO()
+    assert status_cmd.main_status(argparse.Namespace(kubeconfig=None, output="yaml"), out) == 0
+    assert yaml.safe_load(out.getvalue()) == build_report(_snapshot())
