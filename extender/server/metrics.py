@@ -31,6 +31,8 @@ class PoolUse:
     pool: str
     tflops_percent: float
     vram_percent: float
+    capacity_tflops: float = 0.0
+    capacity_vram_bytes: int = 0
 
 
 # Rejection messages carry numbers and names; the metric keeps a short class of them.
@@ -83,6 +85,12 @@ class Metrics:
         self.pool_allocated = Gauge(
             "tf_extender_pool_allocated_ratio", "Allocated share of a pool's GPUs, 0 to 1",
             ["pool", "resource"], registry=r)
+        self.pool_capacity_tflops = Gauge(
+            "tf_extender_pool_capacity_tflops", "TFLOPS of a pool's GPUs, allocated or not", ["pool"],
+            registry=r)
+        self.pool_capacity_vram = Gauge(
+            "tf_extender_pool_capacity_vram_bytes", "VRAM of a pool's GPUs in bytes, allocated or not",
+            ["pool"], registry=r)
         self.partially_used = Gauge(
             "tf_extender_partially_used_gpus", "GPUs that are neither idle nor full", registry=r)
         self.preemptions = Counter(
@@ -114,7 +122,11 @@ class Metrics:
             self.node_allocated.labels(n.node, n.pool, "tflops").set(n.tflops_percent / 100.0)
             self.node_allocated.labels(n.node, n.pool, "vram").set(n.vram_percent / 100.0)
         self.pool_allocated.clear()
+        self.pool_capacity_tflops.clear()
+        self.pool_capacity_vram.clear()
         for p in pools:
+            self.pool_capacity_tflops.labels(p.pool).set(p.capacity_tflops)
+            self.pool_capacity_vram.labels(p.pool).set(p.capacity_vram_bytes)
             self.pool_allocated.labels(p.pool, "tflops").set(p.tflops_percent / 100.0)
             self.pool_allocated.labels(p.pool, "vram").set(p.vram_percent / 100.0)
         self.partially_used.set(partially_used)

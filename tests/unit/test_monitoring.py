@@ -111,12 +111,15 @@ def test_the_build_info_gauges_carry_the_installed_version():
     assert f'tf_webhook_build_info{{version="{version}"}} 1.0'.encode() in WebhookMetrics().exposition()
 
 
-def test_the_allocation_gauges_are_ratios():
+def test_the_allocation_gauges_are_ratios_and_capacities_base_units():
     from extender.server.metrics import NodeUse, PoolUse
 
     metrics = Metrics()
-    metrics.set_utilisation([NodeUse("n1", "p", 50.0, 100.0)], [PoolUse("p", 25.0, 0.0)], 0)
+    pool = PoolUse("p", 25.0, 0.0, capacity_tflops=312.5, capacity_vram_bytes=80 * 2**30)
+    metrics.set_utilisation([NodeUse("n1", "p", 50.0, 100.0)], [pool], 0)
     page = metrics.render().decode()
+    assert 'tf_extender_pool_capacity_tflops{pool="p"} 312.5' in page
+    assert 'tf_extender_pool_capacity_vram_bytes{pool="p"} 8.589934592e+10' in page
     assert 'tf_extender_node_allocated_ratio{node="n1",pool="p",resource="tflops"} 0.5' in page
     assert 'tf_extender_node_allocated_ratio{node="n1",pool="p",resource="vram"} 1.0' in page
     assert 'tf_extender_pool_allocated_ratio{pool="p",resource="tflops"} 0.25' in page
