@@ -739,3 +739,16 @@ def test_kube_scheduler_follows_the_cluster_version_unless_told(helm):
         "mirror/ks:v1.32.0")
     old = _run(helm, "template", RELEASE, CHART, "--kube-version", "v1.29.9", check=False)
     assert old.returncode != 0 and "kubeVersion" in old.stderr
+
+
+def test_a_values_file_gives_whole_numbers_and_durations_as_written(helm, tmp_path):
+    values = tmp_path / "values.yaml"
+    values.write_text("extender:\n  maxPodsPerNode: 1000000\n  bindDeadline: 1m30s\n"
+                      "expansion:\n  delay: 30\n")  # bare seconds: still read, with a deprecation line
+    command = _container(render(helm, "-f", str(values)), "Deployment", "tensor-fusion-scheduler",
+                         "extender")["command"]
+    assert {"--max-pods-per-node=1000000", "--bind-deadline=1m30s", "--expansion-delay=30"} <= set(command)
+    from extender import cli as extender_cli
+
+    args = _parse(extender_cli.build_parser(), command)
+    assert (args.max_pods_per_node, args.bind_deadline, args.expansion_delay) == (1000000, 90.0, 30.0)

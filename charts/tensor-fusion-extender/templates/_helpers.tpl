@@ -21,6 +21,9 @@ policy forbids a scheduler newer than the API server; a vendor suffix such as -e
 {{- $out := list -}}
 {{- range . -}}
 {{- $name := index . 0 -}}{{- $value := index . 1 -}}{{- $default := index . 2 -}}
+{{- if and (kindIs "float64" $value) (eq $value (float64 (int64 $value))) -}}
+{{- $value = int64 $value -}}{{/* values files give whole numbers as floats: 1000000, not 1e+06 */}}
+{{- end -}}
 {{- if and (ne (toString $value) (toString $default)) (ne (toString $value) "") -}}
 {{- if kindIs "bool" $value -}}
 {{- $out = append $out (printf "--%s%s" (ternary "" "no-" $value) $name) -}}
