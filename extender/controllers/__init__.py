@@ -35,8 +35,12 @@ LEADER_LEASE = "tensor-fusion-expander"
 # them too, after LEADER_LEASE, and leads only once it holds all of them: an old replica in the same
 # rolling update (which knows only its own per-controller Leases) then never acts beside a new one.
 LEGACY_LEASES = ("tensor-fusion-capacity", "tensor-fusion-defrag")
+# client-go's defaults (LeaseDuration, RenewDeadline, RetryPeriod): a leader that has not renewed for the
+# deadline stops acting, and the deadline is shorter than the duration another replica waits before it
+# takes the Lease, so the two never act at once (docs/design.md, "Leader election").
 LEASE_DURATION_SECONDS = 15.0
-LEASE_RENEW_SECONDS = 5.0
+LEASE_RENEW_DEADLINE_SECONDS = 10.0
+LEASE_RENEW_SECONDS = 2.0
 SETTLE_SECONDS = 0.5  # after a wake-up, let a burst of watch events settle before reconciling
 
 

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from extender.controllers import (
     LEADER_LEASE,
     LEASE_DURATION_SECONDS,
+    LEASE_RENEW_DEADLINE_SECONDS,
     LEASE_RENEW_SECONDS,
     LEGACY_LEASES,
     Leader,
@@ -48,22 +49,30 @@ class Leadership:
     The Leases are taken in one fixed order and a later one is only tried while the earlier ones are
     held, so two new replicas can never each hold a part and wait for the other. Losing ``LEADER_LEASE``
     to another holder gives up the later ones at once, so the new leader gets them without waiting for
-    them to expire."""
+    them to expire.
 
-    def __init__(self, keepers: Sequence[HeldLease], renew_seconds: float = LEASE_RENEW_SECONDS) -> None:
+    Each round tries every ``renew_seconds``; one Lease's read and write get at most ``renew_deadline``
+    seconds, the time a ``LeaseKeeper`` stays leader after its last renewal, so a hung API call ends
+    leadership on time instead of holding up the round."""
+
+    def __init__(self, keepers: Sequence[HeldLease], renew_seconds: float = LEASE_RENEW_SECONDS,
+                 renew_deadline: float = LEASE_RENEW_DEADLINE_SECONDS) -> None:
         if not keepers:
             raise ValueError("a leadership needs at least one Lease")
         self.keepers = tuple(keepers)
         self.renew_seconds = renew_seconds
+        self.renew_deadline = renew_deadline
 
     @classmethod
     def of(cls, api_client: Any, namespace: str, identity: str | None = None, *,
            names: Sequence[str] = (LEADER_LEASE, *LEGACY_LEASES),
            duration_seconds: float = LEASE_DURATION_SECONDS,
+           renew_deadline: float = LEASE_RENEW_DEADLINE_SECONDS,
            renew_seconds: float = LEASE_RENEW_SECONDS) -> Leadership:
         who = identity or new_identity()
         return cls([LeaseKeeper(api_client, name, namespace, who, duration_seconds=duration_seconds,
-                                renew_seconds=renew_seconds) for name in names], renew_seconds)
+                                renew_deadline_seconds=renew_deadline) for name in names],
+                   renew_seconds, renew_deadline)
 
     @property
     def is_leader(self) -> bool:
@@ -77,11 +86,13 @@ class Leadership:
         """Take or renew the Leases in order; True when all are held."""
         for position, keeper in enumerate(self.keepers):
             try:
-                held = await keeper.try_acquire()
+                held = await asyncio.wait_for(keeper.try_acquire(), self.renew_deadline)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # kept while fresh (LeaseKeeper.is_leader); retried next round
-                log.warning("lease not renewed", extra={"lease": keeper.name, "error": error_message(exc)})
+                error = ("no answer within the renew deadline" if isinstance(exc, TimeoutError)
+                         else error_message(exc))
+                log.warning("lease not renewed", extra={"lease": keeper.name, "error": error})
                 return False
             if not held:
                 if position == 0:

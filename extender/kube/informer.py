@@ -137,7 +137,8 @@ class WatchCache:
     """An in-memory, watch-fed copy of one resource collection.
 
     ``optional`` caches treat a resource type the API server does not serve (404, e.g. a CRD that
-    is not installed) as empty and synced, and keep checking for it.
+    is not installed) as empty and synced, and keep checking for it every ``absent_recheck`` seconds
+    (one cheap GET), so a CRD installed after the extender started is served within seconds.
     """
 
     def __init__(
@@ -154,6 +155,7 @@ class WatchCache:
         watch_timeout: int = 60,
         page_size: int = 500,
         backoff: Backoff | None = None,
+        absent_recheck: float = 5.0,
     ) -> None:
         self.api_client = api_client
         self.resource = resource
@@ -163,6 +165,7 @@ class WatchCache:
         self.on_change = on_change
         self.name = name or resource.plural
         self.optional = optional
+        self.absent_recheck = absent_recheck
         self.watch_timeout = watch_timeout
         self.page_size = page_size
         self.synced = asyncio.Event()
@@ -204,7 +207,7 @@ class WatchCache:
                 except Exception as exc:
                     if version is None and self.optional and not_found(exc):
                         self.replace([])
-                        await asyncio.sleep(self._backoff.cap)
+                        await asyncio.sleep(self.absent_recheck)
                         continue
                     delay = self._backoff.next()
                     log.warning("watch failed, retrying", extra={

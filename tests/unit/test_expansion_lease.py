@@ -1,45 +1,13 @@
-"""One active expander per cluster: when a replica may take the Lease, and the flags."""
+"""The expander's flags (the Lease itself: tests/unit/test_lease.py)."""
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 from typing import Any
 
 import pytest
 
 from extender.controllers.expansion.config import ExpansionConfig, add_arguments, from_args
-from extender.kube.lease import LeaseAction, format_time, lease_action, lease_body, released_body
-
-NOW = dt.datetime(2024, 5, 1, 12, 0, 0, tzinfo=dt.UTC)
-
-
-def lease(holder: str | None, renewed_seconds_ago: float | None = 1, duration: int = 15) -> dict[str, Any]:
-    spec: dict[str, Any] = {"holderIdentity": holder, "leaseDurationSeconds": duration}
-    if renewed_seconds_ago is not None:
-        spec["renewTime"] = format_time(NOW - dt.timedelta(seconds=renewed_seconds_ago))
-    return {"metadata": {"name": "tensor-fusion-expander", "resourceVersion": "7"}, "spec": spec}
-
-
-@pytest.mark.parametrize(("case", "current", "expected"), [
-    ("no lease yet", None, LeaseAction.CREATE),
-    ("held by me", lease("me"), LeaseAction.RENEW),
-    ("held by another, fresh", lease("other", 5), LeaseAction.WAIT),
-    ("held by another, expired", lease("other", 16), LeaseAction.TAKE),
-    ("released", lease(None), LeaseAction.TAKE),
-    ("never renewed", lease("other", None), LeaseAction.TAKE),
-])
-def test_lease_action(case: str, current: dict[str, Any] | None, expected: LeaseAction) -> None:
-    assert lease_action(current, "me", NOW) is expected, case
-
-
-def test_taking_over_counts_a_transition_and_keeps_the_version() -> None:
-    body = lease_body("tensor-fusion-expander", "ns", "me", NOW, 15, lease("other", 30), LeaseAction.TAKE)
-    assert body["spec"]["holderIdentity"] == "me" and body["spec"]["leaseTransitions"] == 1
-    assert body["metadata"]["resourceVersion"] == "7"  # a concurrent writer gets a conflict
-    assert lease_action(body, "other", NOW) is LeaseAction.WAIT
-    released = released_body(body, NOW)
-    assert lease_action(released, "other", NOW) is LeaseAction.TAKE
 
 
 def test_flags_default_from_the_environment() -> None:

@@ -38,6 +38,7 @@ class FakePort:
         self.created: list[dict[str, Any]] = []
         self.fail_create: Exception | None = None
         self.pod_event_list: list[dict[str, Any]] = []
+        self.added_at: float | None = None
 
     # cluster view
     def node(self, name: str) -> Mapping[str, Any] | None:
@@ -76,6 +77,12 @@ class FakePort:
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         pod = self.pods.get(f"{namespace}/{name}")
         return copy.deepcopy(pod) if pod else None
+
+    def cached_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return self.pods.get(f"{namespace}/{name}")
+
+    def node_added_at(self) -> float | None:
+        return self.added_at
 
     async def create_nodeclaim(self, body: dict[str, Any]) -> dict[str, Any]:
         if self.fail_create is not None:
@@ -358,3 +365,152 @@ async def test_claims_in_flight_before_a_restart_still_count(port: FakePort) -> 
     restarted.notice(port.add_pod("b", vram="20Gi"), CAPACITY_ONLY, ["n1"])
     await later(restarted, clock, 10)
     assert len(port.created) == 1 and port.reasons("b") == [REASON_CHECK, REASON_WAITING]
+
+
+# --- level triggering: pending pods are reconsidered when their inputs change -----------------------------
+
+NO_GPU_OF_POOL = FilterOutcome([], {}, {"cpu1": "no GPU of pool pool-a"}, None, False)
+
+
+def burst_nodepool() -> dict[str, Any]:
+    """A NodePool the pool grows from zero out of (pool label and GPU discovery labels on its template)."""
+    return {"metadata": {"name": "burst", "uid": "b"}, "spec": {"template": {
+        "metadata": {"labels": {"tensor-fusion.ai/gpupool": "pool-a", "nvidia.com/gpu.count": "1",
+                                "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}},
+        "spec": {"nodeClassRef": {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": "c"},
+                 "requirements": [{"key": INSTANCE_TYPE, "operator": "In", "values": ["gpu-a100-1"]}]}},
+        "disruption": {"consolidationPolicy": "WhenEmpty"}}}
+
+
+class Refilter:
+    """The filter on the current picture: what the test says the candidates hold now."""
+
+    def __init__(self, outcome: FilterOutcome) -> None:
+        self.outcome = outcome
+        self.calls = 0
+
+    def __call__(self, pod: dict[str, Any], candidates: Sequence[str]) -> FilterOutcome:
+        self.calls += 1
+        return self.outcome
+
+
+def leveled(port: FakePort, refilter: Refilter | None = None) -> tuple[Expander, Clock]:
+    clock = Clock()
+    ids = iter(f"e{i}" for i in range(1000))
+    config = ExpansionConfig(delay_seconds=10.0, claim_timeout_seconds=300.0)
+    expander = Expander(config, port, leader=Leader(), clock=clock, new_id=lambda: next(ids),
+                        refilter=refilter)
+    return expander, clock
+
+
+def unschedulable_pod(port: FakePort, name: str) -> dict[str, Any]:
+    pod = port.add_pod(name, schedulerName="tensor-fusion-scheduler")
+    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    return pod
+
+
+async def test_a_pod_turned_away_before_its_nodepool_was_known_expands_once_it_is() -> None:
+    """The defect: the only rejection came while the caches knew no NodePool, and nothing looked again
+    until kube-scheduler's retry five minutes later."""
+    port = FakePort()
+    expander, clock = leveled(port, Refilter(NO_GPU_OF_POOL))
+    pod = port.add_pod("burst-1")
+    expander.notice(pod, NO_GPU_OF_POOL, ["cpu1"])
+    await later(expander, clock, 30)
+    assert port.created == [] and port.events == []  # nothing to grow from yet
+    port.nodepools["burst"] = burst_nodepool()
+    expander.wake()
+    await later(expander, clock, 1)
+    assert len(port.created) == 1  # turned away 31 s ago: the delay is over, so at once
+    assert port.reasons("burst-1") == [REASON_CHECK, REASON_COMPLETED]
+    assert port.created[0]["metadata"]["labels"][NODEPOOL_LABEL] == "burst"
+    for _ in range(10):  # many passes, one node's worth of demand: one claim
+        expander.wake()
+        await later(expander, clock, 5)
+    assert len(port.created) == 1 and port.reasons("burst-1") == [REASON_CHECK, REASON_COMPLETED]
+
+
+async def test_a_pod_the_scheduler_never_sent_expands_once_its_nodepool_exists() -> None:
+    port = FakePort()
+    expander, clock = leveled(port)
+    pod = unschedulable_pod(port, "alone")
+    expander.pod_changed(pod)
+    await later(expander, clock, 20)
+    assert port.created == []
+    port.nodepools["burst"] = burst_nodepool()
+    await later(expander, clock, 5)  # no wake-up at all: the periodic pass finds it
+    assert len(port.created) == 1
+    pod["spec"]["nodeName"] = "new-node"
+    expander.pod_changed(pod)  # bound: no longer pending
+    assert "uid-alone" not in expander.pending
+
+
+async def test_a_pending_pod_that_fits_now_is_left_to_the_scheduler() -> None:
+    port = FakePort()
+    refilter = Refilter(NO_GPU_OF_POOL)
+    expander, clock = leveled(port, refilter)
+    expander.notice(port.add_pod("p"), NO_GPU_OF_POOL, ["cpu1"])
+    refilter.outcome = FilterOutcome(["cpu1"], {}, {}, None, False)  # GPUs appeared on cpu1
+    port.nodepools["burst"] = burst_nodepool()
+    await later(expander, clock, 30)
+    assert refilter.calls >= 1 and port.created == []
+
+
+async def test_a_pod_parked_without_a_template_expands_when_one_appears_and_is_told_once() -> None:
+    port = FakePort()
+    port.add_template(karpenter=False)  # a GPU node no NodeClaim owns: nothing to copy
+    expander, clock = leveled(port, Refilter(CAPACITY_ONLY))
+    expander.notice(port.add_pod("p"), CAPACITY_ONLY, ["n1"])
+    for _ in range(6):
+        await later(expander, clock, 10)
+    assert port.created == [] and port.reasons("p") == [REASON_CHECK, REASON_FAILED]  # not once a pass
+    port.add_template()  # now Karpenter owns it
+    expander.wake()
+    await later(expander, clock, 1)
+    assert len(port.created) == 1
+
+
+async def test_a_pod_is_not_reconsidered_on_stale_candidates_right_after_a_node_arrived() -> None:
+    port = FakePort()
+    expander, clock = leveled(port, Refilter(NO_GPU_OF_POOL))
+    expander.notice(port.add_pod("p"), NO_GPU_OF_POOL, ["cpu1"])
+    port.nodepools["burst"] = burst_nodepool()
+    port.added_at = clock.now + 1  # a node joined after the pod was turned away
+    await later(expander, clock, 10)
+    assert port.created == []  # kube-scheduler tries the new node first
+    await later(expander, clock, 10)
+    assert len(port.created) == 1  # it did not take the pod: the pod grows its own
+
+
+async def test_a_failed_create_is_tried_again_without_a_new_rejection(port: FakePort) -> None:
+    expander, clock = leveled(port, Refilter(CAPACITY_ONLY))
+    expander.notice(port.add_pod("p"), CAPACITY_ONLY, ["n1"])
+    port.fail_create = RuntimeError("HTTP 500")
+    await later(expander, clock, 10)
+    assert port.reasons("p") == [REASON_CHECK, REASON_FAILED] and port.created == []
+    port.fail_create = None
+    await later(expander, clock, 20)
+    assert port.created == []  # not before the retry interval
+    for _ in range(3):
+        await later(expander, clock, 10)
+    assert len(port.created) == 1
+
+
+async def test_deleted_pods_leave_the_pending_set(port: FakePort) -> None:
+    expander, clock = leveled(port, Refilter(CAPACITY_ONLY))
+    expander.notice(port.add_pod("p"), FilterOutcome([], {}, {"n1": "other"}, None, False), ["n1"])
+    assert "uid-p" in expander.pending
+    del port.pods["ns/p"]
+    await later(expander, clock, 6)
+    assert not expander.pending
+
+
+async def test_a_pending_pod_with_a_bad_request_is_dropped_quietly(
+        port: FakePort, caplog: pytest.LogCaptureFixture) -> None:
+    expander, clock = leveled(port, Refilter(CAPACITY_ONLY))
+    pod = port.add_pod("bad")
+    expander.notice(pod, FilterOutcome([], {}, {"n1": "other"}, None, False), ["n1"])
+    pod["metadata"]["annotations"]["tensor-fusion.ai/tflops-request"] = "lots"
+    await later(expander, clock, 6)
+    assert not expander.pending and port.created == [] and port.events == []
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ from extender.controllers.expansion.metrics import ExpansionMetrics
 from extender.controllers.expansion.worker import Expander, RunnableLeader
 from extender.kube.client import api_call, get_or_none, request_json
 from extender.kube.events import EventRecorder
-from extender.kube.informer import DELETED, WatchCache
+from extender.kube.informer import ADDED, DELETED, WatchCache
 from extender.kube.resources import (
     EVENTS,
     NODECLAIMS,
@@ -64,8 +65,12 @@ class KubeExpansionPort:
         self.claims = shared.nodeclaims or WatchCache(api_client, NODECLAIMS, optional=True)
         self.claims.subscribe(self._changed)
         self.nodepools = WatchCache(api_client, NODEPOOLS, optional=True)
+        self.nodepools.subscribe(self._changed)
         self.nodes = shared.nodes
         self.gpupools = shared.gpupools
+        self.gpupools.subscribe(self._changed)
+        self.gpu_pods = shared.gpu_pods
+        self._node_added_at: float | None = None
         self._shared: tuple[WatchCache, ...] = (shared.nodes, shared.gpupools, shared.gpu_pods)
         self._owned: tuple[WatchCache, ...] = (self.nodepools,)
         if shared.nodeclaims is None:
@@ -126,6 +131,12 @@ class KubeExpansionPort:
     def gpupool(self, name: str) -> Mapping[str, Any] | None:
         return self.gpupools.get(name)
 
+    def cached_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return self.gpu_pods.get(name, namespace)
+
+    def node_added_at(self) -> float | None:
+        return self._node_added_at
+
     def node_arrived(self, node_name: str, provider_id: str) -> bool:
         """The claim's Node exists, is usable (``karpenter.node_usable``) and its GPUs are in the inventory,
         so the scheduler can use it."""
@@ -164,6 +175,8 @@ class KubeExpansionPort:
             self._on_pod(obj)
 
     def _node_changed(self, event_type: str, obj: dict[str, Any]) -> None:
+        if event_type == ADDED and self.nodes.synced.is_set():
+            self._node_added_at = time.monotonic()
         provider_id = str((obj.get("spec") or {}).get("providerID") or "")
         if provider_id:
             if event_type == DELETED:
@@ -180,7 +193,7 @@ def kube_expander(config: ExpansionConfig, api_client: client.ApiClient, state: 
     NodePool cache, the process's leader."""
     port = KubeExpansionPort(api_client, state.node_gpus, recorder, shared)
     expander = Expander(config, port, leader=leader, request_of=state.request_of,
-                        metrics=ExpansionMetrics(registry))
+                        metrics=ExpansionMetrics(registry), refilter=state.filter)
     port.set_on_change(expander.wake)
     port.set_on_pod(expander.pod_changed)
     return expander

@@ -1,5 +1,15 @@
 """The expander: takes capacity-only failures from the filter and creates Karpenter NodeClaims for them,
-off the request path. Decisions are in ``decide``; the cluster is behind ``ExpansionPort``."""
+off the request path. Decisions are in ``decide``; the cluster is behind ``ExpansionPort``.
+
+Level-triggered, as Karpenter's provisioner is: a filter rejection (or the pod watch) is only the fast path.
+Every pending GPU pod the filter turned away, or that no node passed the scheduler's own filters for, stays
+in ``pending`` until it is bound or gone, and is reconsidered whenever something it depends on changes
+(NodePools, NodeClaims, Nodes, GPUPools: the port's caches wake the worker) and at least every
+``RECONSIDER_SECONDS``, without waiting for kube-scheduler to send it again: a pod that could not expand
+when it was turned away (a NodePool not known yet, no template) expands once it can. Decisions stay
+idempotent: a pod queued, waiting on a claim (one node's worth of demand per claim) or just given a node is
+left alone, and one whose last decision parked it is decided again only when a dry decision from the caches
+comes out different."""
 
 from __future__ import annotations
 
@@ -10,6 +20,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -21,12 +32,14 @@ from extender.controllers.expansion.config import ExpansionConfig
 from extender.controllers.expansion.decide import (
     ClusterView,
     Create,
+    Decision,
     LeaveToKarpenter,
     NoTemplate,
     Skip,
     WaitForClaim,
     WaitForSlot,
     decide,
+    skip_reason,
 )
 from extender.controllers.expansion.detect import (
     REASON_CHECK,
@@ -63,6 +76,10 @@ REASON_CONSOLIDATION = "GPUBlindConsolidation"
 TICK_SECONDS = 1.0
 NODEPOOL_CHECK_SECONDS = 30.0
 ARRIVAL_GRACE_SECONDS = 15.0
+RECONSIDER_SECONDS = 5.0  # every pending pod is reconsidered at least this often ...
+RECONSIDER_MIN_SECONDS = 1.0  # ... and at most this often, however often its inputs change
+FAILURE_RETRY_SECONDS = 30.0  # a pod whose expansion failed is reconsidered after this long
+MAX_PENDING = 50_000
 
 
 class ExpansionPort(ClusterView, Protocol):
@@ -75,6 +92,14 @@ class ExpansionPort(ClusterView, Protocol):
     def node_arrived(self, node_name: str, provider_id: str) -> bool: ...
 
     def all_nodes(self) -> Sequence[Mapping[str, Any]]: ...
+
+    def cached_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The pod as the watch last showed it (no API call)."""
+        ...
+
+    def node_added_at(self) -> float | None:
+        """When (monotonic) the last Node was added, None if none since start."""
+        ...
 
     def record(self, obj: Mapping[str, Any], reason: str, message: str, type_: str = "Normal") -> None: ...
 
@@ -116,7 +141,21 @@ class Queued:
     announced_wait: bool = False
 
 
+@dataclass
+class Pending:
+    """A pending pod the expander may have to grow the cluster for. ``candidates``: the nodes of its last
+    filter call (none: kube-scheduler found no node for it and never asked); ``seen_at``: that call's
+    time, or when the watch first showed the pod Unschedulable; ``since``: when it was first turned away."""
+
+    pod: PodRef
+    candidates: tuple[str, ...]
+    since: float
+    seen_at: float
+
+
 RequestOf = Callable[[Mapping[str, Any]], GPURequest]
+# The filter on the current picture, without side effects (``ClusterState.filter``).
+Refilter = Callable[[dict[str, Any], Sequence[str]], FilterResult]
 
 
 def _parse_annotations(pod: Mapping[str, Any]) -> GPURequest:
@@ -131,7 +170,7 @@ class Expander:
     def __init__(self, config: ExpansionConfig, port: ExpansionPort, *, leader: RunnableLeader | None = None,
                  request_of: RequestOf = _parse_annotations, metrics: ExpansionMetrics | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 new_id: Callable[[], str] = _new_expansion_id) -> None:
+                 new_id: Callable[[], str] = _new_expansion_id, refilter: Refilter | None = None) -> None:
         self.config = config
         self.metrics = metrics or ExpansionMetrics()
         self._request_of = request_of
@@ -156,6 +195,14 @@ class Expander:
         self._rejected_in_grace: dict[str, Queued] = {}
         self.arrival_grace = max(ARRIVAL_GRACE_SECONDS, config.delay_seconds)
         self._nodepools_checked_at: float | None = None
+        # Level triggering: the pods to reconsider, the parked decisions (uid -> what was decided), pods
+        # whose expansion failed (uid -> when to try again), and when the last pass ran.
+        self._refilter = refilter
+        self.pending: OrderedDict[str, Pending] = OrderedDict()
+        self._parked: dict[str, str] = {}
+        self._retry_at: dict[str, float] = {}
+        self._inputs_changed = True
+        self._reconsidered_at: float | None = None
 
     # -- the filter's side: sync, cheap, never raises ----------------------------------------------
 
@@ -180,18 +227,39 @@ class Expander:
         if candidate_nodes:
             self.filtered.first_time(ref.uid)
         if outcome.error or getattr(outcome, "fits", None):
+            self._forget_pending(ref.uid)
             return
+        self._remember(ref, tuple(candidate_nodes))
         if ref.uid in self._grace and ref.uid not in self._rejected_in_grace:
             with contextlib.suppress(Exception):
                 self._rejected_in_grace[ref.uid] = Queued(ref, self._request_of(pod), tuple(candidate_nodes))
         if ref.uid in self.flagged:
             return
+        self._consider(pod, ref, capacity_only, candidate_nodes)
+
+    def _consider(self, pod: dict[str, Any], ref: PodRef, capacity_only: bool, candidate_nodes: Sequence[str],
+                  since: float | None = None) -> None:
         if capacity_only:
             self._flag(pod, ref, candidate_nodes,
-                       "no candidate node has {what} free in pool {pool}, but an empty node would fit it")
-        elif self._no_gpu_of_pool(pod, candidate_nodes):
+                       "no candidate node has {what} free in pool {pool}, but an empty node would fit it",
+                       since)
+        elif self._no_gpu_of_pool(pod, list(candidate_nodes)):
             self._flag(pod, ref, candidate_nodes,
-                       "no candidate node has GPUs of pool {pool} yet ({what} wanted)")
+                       "no candidate node has GPUs of pool {pool} yet ({what} wanted)", since)
+
+    def _remember(self, ref: PodRef, candidates: tuple[str, ...]) -> None:
+        now = self._clock()
+        known = self.pending.pop(ref.uid, None)
+        self.pending[ref.uid] = Pending(ref, candidates, known.since if known else now, now)
+        while len(self.pending) > MAX_PENDING:
+            uid, _ = self.pending.popitem(last=False)
+            self._parked.pop(uid, None)
+            self._retry_at.pop(uid, None)
+
+    def _forget_pending(self, uid: str) -> None:
+        self.pending.pop(uid, None)
+        self._parked.pop(uid, None)
+        self._retry_at.pop(uid, None)
 
     def _no_gpu_of_pool(self, pod: dict[str, Any], candidate_nodes: list[str]) -> bool:
         """No candidate holds a GPU of the pod's pool, and the pool has NodePools to grow from."""
@@ -208,7 +276,10 @@ class Expander:
             return False
         return not any(d.pool == request.pool for name in candidate_nodes for d in self.port.node_gpus(name))
 
-    def _flag(self, pod: dict[str, Any], ref: PodRef, candidate_nodes: Sequence[str], why: str) -> None:
+    def _flag(self, pod: dict[str, Any], ref: PodRef, candidate_nodes: Sequence[str], why: str,
+              since: float | None = None) -> None:
+        """Flag the pod (once: an event and the metric) and queue it, due ``delay`` after ``since`` (when it
+        was first turned away; default now)."""
         try:
             request = self._request_of(pod)
         except Exception:  # a pod the contract rejects was never capacity-only
@@ -219,15 +290,23 @@ class Expander:
         self.port.record(pod, REASON_CHECK,
                          why.format(what=request.describe(), pool=request.pool)
                          + f": node expansion is considered in {self.config.delay_seconds:g}s")
-        self._push(Queued(ref, request, tuple(candidate_nodes)), self._clock() + self.config.delay_seconds)
+        now = self._clock()
+        self._push(Queued(ref, request, tuple(candidate_nodes)),
+                   max(now, (now if since is None else since) + self.config.delay_seconds))
 
     def pod_changed(self, pod: dict[str, Any]) -> None:
         """A pending GPU pod of the scheduler profile changed. One the scheduler found Unschedulable without
         ever asking the extender (no node passed its own filters) gets the scale-from-zero path."""
         try:
-            if not self.config.enabled or not unschedulable(pod, self.config.scheduler_name):
+            if not self.config.enabled:
                 return
             ref = PodRef.of(pod)
+            if not unschedulable(pod, self.config.scheduler_name):
+                if skip_reason(pod, ref.uid) is not None:
+                    self._forget_pending(ref.uid)
+                return
+            if ref.uid not in self.pending:
+                self._remember(ref, ())
             if ref.uid in self.filtered or ref.uid in self.flagged:
                 return
             if self._no_gpu_of_pool(pod, []):
@@ -237,7 +316,9 @@ class Expander:
             log.exception("expansion pod watch failed")
 
     def wake(self) -> None:
-        """Something changed (a claim, a node): settle the in-flight set now rather than at the next tick."""
+        """Something changed (a claim, a node, a NodePool, a GPUPool): settle the in-flight set now rather
+        than at the next tick, and reconsider the pending pods."""
+        self._inputs_changed = True
         self._wake.set()
 
     def _push(self, entry: Queued, due: float) -> None:
@@ -289,6 +370,7 @@ class Expander:
         if not self.leader.is_leader:
             return
         self._check_nodepools(now)
+        self.reconsider(now)
         while self._due and self._due[0][0] <= now:
             _, _, entry = heapq.heappop(self._due)
             try:
@@ -297,7 +379,7 @@ class Expander:
                 raise
             except Exception:
                 log.exception("expansion failed", extra={"pod": str(entry.pod)})
-                self.flagged.forget(entry.pod.uid)
+                self._failed(entry.pod.uid)
         if self.placeholders is not None:
             try:
                 await self.placeholders.settle()
@@ -305,6 +387,80 @@ class Expander:
                 raise
             except Exception:
                 log.exception("settling placeholder pods failed")
+
+    def reconsider(self, now: float) -> None:
+        """Level triggering: every pending pod that nothing is under way for is looked at again, from the
+        caches (no API call), when its inputs changed (at most every ``RECONSIDER_MIN_SECONDS``) and at
+        least every ``RECONSIDER_SECONDS``."""
+        last = self._reconsidered_at
+        if last is not None and now - last < (RECONSIDER_MIN_SECONDS if self._inputs_changed
+                                              else RECONSIDER_SECONDS):
+            return
+        self._reconsidered_at, self._inputs_changed = now, False
+        if not self.pending:
+            return
+        queued = {entry.pod.uid for _, _, entry in self._due} | set(self._slot_waiters)
+        added_at = self.port.node_added_at()
+        for uid, entry in list(self.pending.items()):
+            pod = self.port.cached_pod(entry.pod.namespace, entry.pod.name)
+            if pod is None or skip_reason(pod, uid) is not None:
+                self._forget_pending(uid)
+                continue
+            if uid in queued or uid in self._grace or self._retry_at.get(uid, now) > now:
+                continue
+            if (added_at is not None and entry.seen_at < added_at
+                    and now - added_at < self.arrival_grace):
+                continue  # a node arrived since the pod was turned away: kube-scheduler tries it first
+            try:
+                self._reconsider_one(dict(pod), entry, now)
+            except Exception:
+                log.exception("reconsidering a pending pod failed", extra={"pod": str(entry.pod)})
+                self._failed(uid)
+
+    def _reconsider_one(self, pod: dict[str, Any], entry: Pending, now: float) -> None:
+        uid = entry.pod.uid
+        if uid in self.flagged and self._parked.get(uid) is None:
+            return  # queued, waiting on a claim or a placeholder: under way
+        try:
+            request = self._request_of(pod)
+        except Exception:  # a pod the contract rejects never needs a node; its next filter call says why
+            self._forget_pending(uid)
+            return
+        if uid in self.flagged:
+            parked = self._parked.get(uid)
+            probe = decide(pod, uid, request, entry.candidates, self.port, self.inflight, "probe")
+            if _decision_key(probe) != parked:
+                self._push(Queued(entry.pod, request, entry.candidates), now)
+            return
+        if not expands_pool(self.port.gpupool(request.pool)):
+            return
+        if entry.candidates:
+            if self._refilter is None:
+                return
+            outcome = self._refilter(pod, entry.candidates)
+            if outcome.error or getattr(outcome, "fits", None):
+                return  # room appeared: the scheduler's retry takes it (the nudger sees to it)
+            self._consider(pod, entry.pod, is_capacity_only(outcome, entry.candidates), entry.candidates,
+                           entry.since)
+        elif unschedulable(pod, self.config.scheduler_name) and self._no_gpu_of_pool(pod, []):
+            self._flag(pod, entry.pod, (), "no node passed the scheduler's own filters for this pod and pool "
+                                           "{pool} has no GPU node for it ({what} wanted)", entry.since)
+
+    def _failed(self, uid: str) -> None:
+        """The pod's expansion failed: flaggable again, reconsidered after ``FAILURE_RETRY_SECONDS``."""
+        self.flagged.forget(uid)
+        self._parked.pop(uid, None)
+        self._retry_at[uid] = self._clock() + FAILURE_RETRY_SECONDS
+
+    def _park(self, uid: str, decision: Decision) -> bool:
+        """Remember a decision that leaves the pod waiting for its inputs to change; True when it differs
+        from the last one (so its event is new)."""
+        key = _decision_key(decision)
+        if self._parked.get(uid) == key:
+            return False
+        if uid in self.pending:
+            self._parked[uid] = key
+        return True
 
     def adopt_existing_claims(self) -> None:
         """After a restart: claims this project created that still wait for their node count as in flight."""
@@ -381,9 +537,13 @@ class Expander:
         nominated = await self._nominated(ref) if pod is not None else []
         decision = decide(pod, ref.uid, request, entry.candidates, self.port, self.inflight, self._new_id(),
                           nominated)
+        if not isinstance(decision, (LeaveToKarpenter, NoTemplate)):
+            self._parked.pop(ref.uid, None)
         if isinstance(decision, Skip) or pod is None:
             log.info("expansion skipped", extra={"pod": str(ref), "reason": getattr(decision, "reason", "")})
             self.flagged.forget(ref.uid)
+            if pod is None or skip_reason(pod, ref.uid) is not None:
+                self._forget_pending(ref.uid)
         elif isinstance(decision, WaitForClaim):
             self.inflight.assign(decision.claim, pod, request)
             whose = "Karpenter's NodeClaim" if decision.karpenter else "NodeClaim"
@@ -398,11 +558,13 @@ class Expander:
                                  f"{decision.in_flight} NodeClaims are in flight (max "
                                  f"{self.config.max_in_flight}): the pod waits for one to finish")
         elif isinstance(decision, LeaveToKarpenter):
-            self.port.record(pod, REASON_SKIPPED, decision.message)
+            if self._park(ref.uid, decision):
+                self.port.record(pod, REASON_SKIPPED, decision.message)
         elif isinstance(decision, NoTemplate):
             if self.placeholders is not None and provisioner is Provisioner.AUTO:
+                self._parked.pop(ref.uid, None)
                 await self.placeholders.provide(pod, request, entry.candidates)
-            else:
+            elif self._park(ref.uid, decision):
                 self.port.record(pod, REASON_FAILED, decision.message, "Warning")
         elif isinstance(decision, Create):
             await self._create(pod, entry, decision)
@@ -411,7 +573,7 @@ class Expander:
         try:
             created = await self.port.create_nodeclaim(decision.body)
         except Exception as exc:
-            self.flagged.forget(entry.pod.uid)  # the next rejection tries again
+            self._failed(entry.pod.uid)  # tried again after a while, or at the next rejection
             self.port.record(pod, REASON_FAILED,
                              f"creating a NodeClaim in NodePool {decision.nodepool} failed: {exc}", "Warning")
             return
@@ -441,14 +603,19 @@ class Expander:
                 if departure.reason is LeaveReason.TIMEOUT:
                     self.port.record(ref.as_object(), REASON_FAILED,
                                      f"NodeClaim {departure.claim} got no node within "
-                                     f"{self.config.claim_timeout_seconds:g}s; the pod is considered again "
-                                     "at its next scheduling failure", "Warning")
+                                     f"{self.config.claim_timeout_seconds:g}s; the pod is considered again",
+                                     "Warning")
         if departures and self._slot_waiters:
             # After the delay, so the scheduler first tries the node that just arrived.
             due = self._clock() + self.config.delay_seconds
             for entry in self._slot_waiters.values():
                 self._push(entry, due)
             self._slot_waiters.clear()
+
+
+def _decision_key(decision: Decision) -> str:
+    """What a parked decision is compared by: its kind and what it would say."""
+    return f"{type(decision).__name__}:{getattr(decision, 'message', '')}"
 
 
 def _requirement_value(body: Mapping[str, Any], key: str) -> str:
