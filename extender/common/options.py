@@ -163,7 +163,7 @@ def apply_sources(parser: argparse.ArgumentParser, argv: Sequence[str], env_pref
     env = os.environ if environ is None else environ
     actions = configurable(parser)
     by_key = {_long_flag(a).lstrip("-"): a for a in actions}
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(prog=parser.prog, add_help=False)
     pre.add_argument(CONFIG_FLAG, default=None)
     known, _ = pre.parse_known_args(list(argv))
     config_path = known.config or env.get(f"{env_prefix}_CONFIG") or None
