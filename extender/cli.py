@@ -19,6 +19,7 @@ from extender.common.options import (
     take_deprecations,
 )
 from extender.controllers import gpustatus, nudge, preemptor
+from extender.controllers.autoscale import config as workload_autoscale
 from extender.controllers.capacity import config as capacity_config
 from extender.controllers.defrag import config as defrag_config
 from extender.controllers.expansion import config as expansion_config
@@ -45,6 +46,7 @@ CONTROLLER_OPTIONS: tuple[Callable[[argparse.ArgumentParser], None], ...] = (
     expansion_config.add_arguments,
     autoscaler_config.add_arguments,
     capacity_config.add_arguments,
+    workload_autoscale.add_arguments,
 )
 
 
@@ -174,7 +176,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         preemptor=preemptor.from_args(args), nudge_scheduler=nudge.from_args(args),
         gpu_status=gpustatus.from_args(args), defrag=defrag_config.from_args(args),
         expansion=expansion_config.from_args(args), autoscaler=autoscaler_config.from_args(args),
-        capacity=capacity_config.from_args(args),
+        capacity=capacity_config.from_args(args), workload_autoscale=workload_autoscale.from_args(args),
     )
 
 

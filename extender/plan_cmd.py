@@ -75,6 +75,14 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--defrag", action=argparse.BooleanOptionalAction, default=False,
                         help="also plan defragmentation: the evictions a run would make now in pools that "
                              "enable it, and the candidate nodes it would leave as they are")
+    parser.add_argument("--autoscale", action=argparse.BooleanOptionalAction, default=False,
+                        help="also print each GPU workload's autoscaling recommendation and what a resize of "
+                             "each of its workers would do (needs --samples for usage)")
+    parser.add_argument("--samples", metavar="SAMPLES.json", default=None,
+                        help="usage samples for --autoscale: a JSON list of {namespace, workload, worker, "
+                             "tflops, vram, time}")
+    parser.add_argument("--cron-time-zone", default="UTC",
+                        help="IANA time zone of cronScalingRules without CRON_TZ= (default UTC)")
     parser.add_argument("--protection-time", type=duration("--protection-time"),
                         default=DEFAULT_PROTECTION_SECONDS, metavar="DURATION",
                         help="empty nodes younger than this are never released (default 5m)")
@@ -103,10 +111,44 @@ def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = Non
     if planners is None:
         planners = [*DEFAULT_PLANNERS, *([plan_defrag] if getattr(args, "defrag", False) else [])]
     rows = [action.as_json() for action in plan(inputs, planners)]
-    if args.output == "table":
+    entries: list[dict[str, Any]] = []
+    found: list[dict[str, Any]] | None = []
+    if getattr(args, "autoscale", False):
+        found = _plan_autoscale(args, inputs.state, objects, now)
+        entries = found or []
+    _write(args.output, rows, entries)
+    return 2 if found is None else 0
+
+
+def _write(output: str, rows: list[dict[str, Any]], entries: list[dict[str, Any]]) -> None:
+    if output == "table":
         sys.stdout.write(table(rows, ("action", "pool", "node", "reason")))
-    elif args.output == "yaml":
-        sys.stdout.write(yaml_document(rows))
+        if entries:
+            sys.stdout.write("\n" + table(entries, ("action", "namespace", "workload", "workers", "samples")))
+    elif output == "yaml":
+        sys.stdout.write(yaml_document(rows + entries))
     else:
-        sys.stdout.write(json_lines(rows))
-    return 0
+        sys.stdout.write(json_lines(rows + entries))
+
+
+def _plan_autoscale(args: argparse.Namespace, state: ClusterState, objects: Sequence[dict[str, Any]],
+                    now: dt.datetime) -> list[dict[str, Any]] | None:
+    """The autoscaling entries, or None after a usage error was printed."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    from extender.autoscaling.usage import StaticUsageSource
+    from extender.controllers.autoscale.plan import plan_autoscale
+    from extender.controllers.autoscale.samples import load_samples
+
+    try:
+        zone = ZoneInfo(args.cron_time_zone)
+    except (ZoneInfoNotFoundError, ValueError):
+        print(f"tf-extender plan: --cron-time-zone {args.cron_time_zone!r} is not an IANA time zone",
+              file=sys.stderr)
+        return None
+    samples, problems = load_samples(args.samples) if args.samples else (StaticUsageSource(), [])
+    for problem in problems[:10]:
+        print(f"tf-extender plan: --samples: {problem}", file=sys.stderr)
+    if problems and not samples.samples:
+        return None
+    return plan_autoscale(state, objects, samples, now, zone)

@@ -24,7 +24,7 @@ import gc
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from kubernetes import client
@@ -32,6 +32,7 @@ from kubernetes import client
 from extender import controllers
 from extender.common.contract import COMPONENT_LABEL, COMPONENT_WORKER
 from extender.controllers import Controller, Loop
+from extender.controllers.autoscale.config import AutoscaleOptions
 from extender.controllers.capacity.config import CapacityConfig
 from extender.controllers.capacity.loop import CapacityControllers
 from extender.controllers.defrag.config import DefragOptions
@@ -66,6 +67,9 @@ from extender.server.binder import Binder, bind_log
 from extender.server.metrics import Metrics, NodeUse, PoolUse
 from extender.server.stranded import StrandedCollector
 
+if TYPE_CHECKING:
+    from extender.controllers.autoscale.loop import WorkloadAutoscaler
+
 log = logging.getLogger(__name__)
 
 COMPONENT = "tensor-fusion-extender"
@@ -95,6 +99,7 @@ class Settings:
     defrag: DefragOptions = field(default_factory=DefragOptions)
     autoscaler: AutoscalerConfig = field(default_factory=AutoscalerConfig)
     capacity: CapacityConfig = field(default_factory=lambda: CapacityConfig(enabled=False))
+    workload_autoscale: AutoscaleOptions = field(default_factory=AutoscaleOptions)  # --autoscale
 
     @property
     def leader_elected(self) -> bool:
@@ -186,6 +191,8 @@ class ExtenderService:
             pools=self.caches["gpupools"], pods=self.caches["pods"], recorder=self.recorder,
             registry=self.metrics.registry, ready=self._all_synced, leader=self._leadership(),
             nodeclaims=nodeclaims) if settings.capacity.enabled else None)
+        self.workload_autoscaler = (self._workload_autoscaler(pod_api)
+                                    if settings.workload_autoscale.enabled else None)
         all_observers = list(observers)
         if self.preemptor is not None:
             all_observers.append(self.preemptor.consider)
@@ -230,6 +237,8 @@ class ExtenderService:
             out.append(Loop("capacity", self.capacity.run))
         if self.nudger is not None:
             out.append(Loop("scheduler-nudge", self.nudger.run))
+        if self.workload_autoscaler is not None:
+            out.append(Loop("workload-autoscale", self._autoscale_after_sync))
         out.append(Loop("gc-freeze", self._freeze_after_sync))
         return out
 
@@ -281,6 +290,21 @@ class ExtenderService:
         # extender's CPU in bench/e2e_throughput; a full collection now comes ~15 times less often.
         gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
         log.info("caches synced", extra={"caches": sorted(self.caches)})
+
+    def _workload_autoscaler(self, pod_api: KubePodApi) -> WorkloadAutoscaler:
+        from extender.controllers.autoscale.loop import WorkloadAutoscaler
+        from extender.controllers.autoscale.port import KubeWorkloadApi
+        from extender.server.resize import Resizer
+
+        return WorkloadAutoscaler(self.state, self.caches["pods"], KubeWorkloadApi(self.kube),
+                                  Resizer(self.state, pod_api, self.recorder),
+                                  self.settings.workload_autoscale)
+
+    async def _autoscale_after_sync(self) -> None:
+        if self.workload_autoscaler is None:
+            return
+        await self._all_synced()  # the ledger must know every pod before it resizes one
+        await self.workload_autoscaler.run()
 
     async def _defrag_after_sync(self) -> None:
         if self.defragmenter is None:

@@ -32,6 +32,8 @@ SCHEDULING_CONFIG_TEMPLATES = Resource(
     "tensor-fusion.ai", "v1", "schedulingconfigtemplates", "SchedulingConfigTemplate", False
 )
 WORKLOAD_PROFILES = Resource("tensor-fusion.ai", "v1", "workloadprofiles", "WorkloadProfile", True)
+TENSOR_FUSION_WORKLOADS = Resource("tensor-fusion.ai", "v1", "tensorfusionworkloads", "TensorFusionWorkload",
+                                  True)
 GPU_NODE_CLAIMS = Resource("tensor-fusion.ai", "v1", "gpunodeclaims", "GPUNodeClaim", False)
 NODECLAIMS = Resource("karpenter.sh", "v1", "nodeclaims", "NodeClaim", False)
 NODEPOOLS = Resource("karpenter.sh", "v1", "nodepools", "NodePool", False)

@@ -23,9 +23,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from fractions import Fraction
 
 from extender.common.contract import GPURequest, format_allocated, format_bytes, format_tflops
-from extender.scheduling.inventory import tflops_of
+from extender.scheduling.inventory import nano_tflops_floor, tflops_of
 from extender.scheduling.placement import share_on
 
 
@@ -60,6 +61,25 @@ class Distrust(StrEnum):
 RefusalSink = Callable[[Allocation, Distrust, str], None]
 
 
+class Resized(StrEnum):
+    """What a resize did (a metric label)."""
+
+    RESIZED = "resized"  # as asked
+    CLAMPED = "clamped"  # a scale-up cut to the room its GPUs had left
+    REFUSED = "refused"  # nothing moved
+
+
+@dataclass(frozen=True)
+class ResizeOutcome:
+    outcome: Resized
+    before: Allocation | None
+    after: Allocation | None  # the allocation counted now (== before when refused)
+    room_tflops: Fraction  # per GPU, the least any of its GPUs had for it (its own share included)
+    room_vram: int
+    message: str
+    touched: frozenset[str] = frozenset()  # nodes whose usage changed
+
+
 @dataclass(frozen=True)
 class _GPU:
     node: str
@@ -83,6 +103,8 @@ class Ledger:
         self._usage: dict[str, Usage] = {}
         self._pods_per_node: Counter[str] = Counter()
         self._by_node: dict[str, set[str]] = {}
+        # what resized pods held before: their record may still show it until the patch is watched
+        self._resized_from: dict[str, set[tuple[str, tuple[str, ...], str]]] = {}
 
     def copy(self) -> Ledger:
         """An independent copy that reports no refusal (for what-if planning)."""
@@ -100,6 +122,7 @@ class Ledger:
         other._usage = dict(self._usage)
         other._pods_per_node = Counter(self._pods_per_node)
         other._by_node = {node: set(uids) for node, uids in self._by_node.items()}
+        other._resized_from = {uid: set(seen) for uid, seen in self._resized_from.items()}
         return other
 
     # --- GPUs -------------------------------------------------------------------------------------
@@ -130,6 +153,8 @@ class Ledger:
         current = self._bound.get(uid)
         if current is not None:
             if _holding(current) != _holding(allocation):
+                if _holding(allocation) in self._resized_from.get(uid, ()):
+                    return set()  # a record from before this ledger's resize, the patch not yet seen
                 self._report(allocation, Distrust.RECORD_CHANGED,
                              f"pod {allocation.pod_key} changed its allocation record after the bind; "
                              f"still counting {_describe(current)}")
@@ -170,6 +195,7 @@ class Ledger:
         self._reported.pop(uid, None)
         self._trusted.discard(uid)
         self._admitted.pop(uid, None)
+        self._resized_from.pop(uid, None)
         return self._settle(uid) | self._retry_refused()
 
     def unbind(self, uid: str) -> set[str]:
@@ -190,6 +216,67 @@ class Ledger:
             return set()
         del self._reserved[allocation.uid]
         return self._settle(allocation.uid) | self._retry_refused()
+
+    def resize(self, uid: str, tflops: Fraction | None, vram: int | None) -> ResizeOutcome:
+        """Change what a bound pod takes from each of its GPUs, in place: ``tflops`` (TFLOPS per GPU) and
+        ``vram`` (bytes per GPU), None for a resource that does not move. A scale-up takes at most the room
+        each of its GPUs has left (its own share counted as room); a scale-down always fits. Nothing else
+        moves and nothing is evicted. The watched pod's record, once patched to the same figures, is
+        believed as this ledger's own (it matches what is counted)."""
+        current = self._bound.get(uid)
+        if current is None:
+            return ResizeOutcome(Resized.REFUSED, None, None, Fraction(0), 0,
+                                 "the pod holds no counted GPU allocation")
+        request = current.request
+        if request.takes_whole_gpu or request.uses_percent:
+            return ResizeOutcome(Resized.REFUSED, current, current, Fraction(0), 0,
+                                 "the pod holds its GPUs whole or by percent; only TFLOPS and VRAM shares "
+                                 "are resized")
+        room_nano, room_vram = self._room(current)
+        old_tflops = request.tflops_request or Fraction(0)
+        new_tflops = old_tflops if tflops is None else max(tflops, Fraction(0))
+        new_vram = request.vram_request if vram is None else max(vram, 0)
+        clamped = []
+        if new_tflops > old_tflops and nano_tflops_floor(new_tflops) > room_nano:
+            new_tflops = max(old_tflops, tflops_of(room_nano))
+            clamped.append("TFLOPS")
+        if new_vram > request.vram_request and new_vram > room_vram:
+            new_vram = max(request.vram_request, room_vram)
+            clamped.append("VRAM")
+        room = f"{format_tflops(tflops_of(room_nano))} TFLOPS and {format_bytes(room_vram)} VRAM per GPU"
+        if new_tflops == old_tflops and new_vram == request.vram_request:
+            why = "its GPUs have no room for more" if clamped else "nothing to change"
+            return ResizeOutcome(Resized.REFUSED, current, current, tflops_of(room_nano), room_vram,
+                                 f"{why} ({room} for it)")
+        resized = replace(current, request=request.model_copy(update={"tflops_request": new_tflops,
+                                                                       "vram_request": new_vram}))
+        self._bound[uid] = resized
+        self._resized_from.setdefault(uid, set()).add(_holding(current))
+        touched = self._settle(uid) | self._retry_refused()
+        outcome = Resized.CLAMPED if clamped else Resized.RESIZED
+        message = (f"{format_tflops(old_tflops)} -> {format_tflops(new_tflops)} TFLOPS, "
+                   f"{format_bytes(request.vram_request)} -> {format_bytes(new_vram)} VRAM per GPU")
+        if clamped:
+            message += f"; {' and '.join(clamped)} clamped to the room left ({room} for it)"
+        return ResizeOutcome(outcome, current, resized, tflops_of(room_nano), room_vram, message,
+                             frozenset(touched))
+
+    def _room(self, allocation: Allocation) -> tuple[int, int]:
+        """The least room (nano-TFLOPS, bytes) any of the allocation's known GPUs has for it, its own
+        share included."""
+        room_nano: int | None = None
+        room_vram: int | None = None
+        for gpu in allocation.gpu_ids:
+            info = self._gpus.get(gpu)
+            if info is None:
+                continue
+            used = self._usage.get(gpu, _ZERO)
+            mine = self.share(allocation, gpu) if self._effective.get(allocation.uid) == allocation else _ZERO
+            t = info.capacity_tflops - used.tflops + mine.tflops
+            v = info.capacity_vram - used.vram + mine.vram
+            room_nano = t if room_nano is None else min(room_nano, t)
+            room_vram = v if room_vram is None else min(room_vram, v)
+        return max(room_nano or 0, 0), max(room_vram or 0, 0)
 
     # --- queries ----------------------------------------------------------------------------------
 

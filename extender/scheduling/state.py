@@ -30,7 +30,7 @@ from extender.common.pods import TERMINAL_PHASES, pod_index, pod_key, pod_priori
 from extender.scheduling import preemption, views
 from extender.scheduling.assume import HOLD_SECONDS, AssumeCache, Reservation
 from extender.scheduling.cluster import Cluster, InventorySource, Kind, PodChange
-from extender.scheduling.ledger import Allocation, RefusalSink
+from extender.scheduling.ledger import Allocation, RefusalSink, Resized, ResizeOutcome
 from extender.scheduling.placement import MAX_SCORE, MIN_FIT_SCORE, Fit, Mode, node_order_value, parse_mode
 from extender.scheduling.preemption import PdbCheck, Victim
 from extender.scheduling.requests import PlacementError, RequestCache
@@ -229,6 +229,18 @@ class ClusterState:
 
     def pending_index_holder(self, node: str, index: int, pod_uid: str) -> str | None:
         return self._assume.pending_index_holder(node, index, pod_uid)
+
+    def resize(self, uid: str, tflops: Fraction | None, vram: int | None) -> ResizeOutcome:
+        """Resize a bound pod's share of its GPUs in the ledger (see ``Ledger.resize``); the room a
+        scale-down frees is offered to waiting pods at once."""
+        outcome = self._cluster.ledger.resize(uid, tflops, vram)
+        if outcome.outcome is not Resized.REFUSED:
+            self._cluster.freed(set(outcome.touched))
+        return outcome
+
+    def bound_allocation(self, uid: str) -> Allocation | None:
+        """The allocation the ledger counts for a bound pod (None: none counted)."""
+        return self._cluster.ledger.bound(uid)
 
     # --- preemption -------------------------------------------------------------------------------
 

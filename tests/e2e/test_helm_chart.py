@@ -657,7 +657,7 @@ def test_another_namespace_reaches_every_namespaced_reference(helm):
 # port the probes use), in-cluster credentials, plain HTTP on loopback, the catalog as a file (the chart takes
 # capacity.catalogConfigMap instead), and --config itself (values are the chart's config file).
 FIXED_BY_THE_CHART = {"--port", "--bind-address", "--metrics-port", "--metrics-bind-address", "--prefix",
-                      "--kubeconfig", "--cert-dir", "--catalog", "--config"}
+                      "--kubeconfig", "--cert-dir", "--catalog", "--autoscale-usage-file", "--config"}
 EVERY_EXTENDER_VALUE = {
     "extender.inventorySource": "gpu-objects", "extender.maxPodsPerNode": "32",
     "extender.bindDeadline": "40s",
@@ -671,6 +671,7 @@ EVERY_EXTENDER_VALUE = {
     "clusterAutoscaler.placeholderSchedulerName": "other", "capacity.enabled": "false",
     "capacity.interval": "30s", "capacity.nodeProtectionTime": "1h",
     "capacity.catalogConfigMap": "ns/catalog",
+    "autoscale.enabled": "true", "autoscale.interval": "1m", "autoscale.cronTimeZone": "Europe/Paris",
 }
 
 
@@ -700,6 +701,8 @@ def test_every_serve_option_is_a_value_and_reaches_the_command_line(helm):
             args.placeholder_scheduler_name) == ("cluster-autoscaler", False, "holders", "pause:9", "other")
     assert (args.capacity_enabled, args.capacity_interval, args.node_protection_time,
             args.catalog_configmap) == (False, 30.0, 3600.0, "ns/catalog")
+    assert (args.autoscale, args.autoscale_interval, args.autoscale_cron_time_zone) == (
+        True, 60.0, "Europe/Paris")
     web = _parse(webhook_cli.build_parser(),
                  _container(objs, "Deployment", "tensor-fusion-webhook", "webhook")["command"])
     assert (web.cert_reload_interval, web.karpenter_do_not_disrupt, web.log_level, web.request_timeout,

@@ -191,6 +191,10 @@ def test_logs_are_json_lines_with_extra_fields(capsys: pytest.CaptureFixture[str
 # (--no-preemptor is now the off form of --preemptor, --write-gpu-status gained --no-write-gpu-status),
 # times take Go durations (the defaults stay these seconds), and --config FILE reads any of them.
 SERVE_FLAGS_BEFORE_THE_REGISTRY: dict[str, tuple[str, Any, list[str] | None]] = {
+    "--autoscale --no-autoscale": ("autoscale", False, None),
+    "--autoscale-cron-time-zone": ("autoscale_cron_time_zone", "UTC", None),
+    "--autoscale-interval": ("autoscale_interval", 30.0, None),
+    "--autoscale-usage-file": ("autoscale_usage_file", None, None),
     "--bind-address": ("bind_address", "127.0.0.1", None),
     "--bind-deadline": ("bind_deadline", 55.0, None),
     "--capacity-controllers --no-capacity-controllers": ("capacity_enabled", True, None),

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender.controllers.defrag.cron import CronError, CronSchedule
+from extender.common.cron import CronError, CronSchedule
 
 UTC = dt.UTC
 

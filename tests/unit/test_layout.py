@@ -114,6 +114,8 @@ def _failures(found: list[Import], rule: str) -> str:
     ("certs", ("certs",), "certs/ imports nothing of extender or webhook (both import certs)"),
     ("extender.common", ("extender.common",), "extender/common/ imports nothing else of the project"),
     ("extender.kube", ("extender.common", "extender.kube"), "extender/kube/ imports only extender.common"),
+    ("extender.autoscaling", ("extender.common", "extender.autoscaling"),
+     "extender/autoscaling/ (the pure recommender) imports only extender.common"),
 ])
 def test_a_package_imports_only_what_its_rule_allows(package: str, allowed: tuple[str, ...],
                                                      rule: str) -> None:

@@ -35,7 +35,7 @@ def test_every_time_option_takes_a_go_duration() -> None:
     timed = [a for a in _serve_actions(cli.build_parser()) if isinstance(a.type, options.DurationType)]
     assert {a.option_strings[0] for a in timed} == {
         "--bind-deadline", "--gpu-status-interval", "--defrag-replacement-timeout", "--expansion-delay",
-        "--expansion-claim-timeout", "--capacity-interval", "--node-protection-time"}
+        "--expansion-claim-timeout", "--capacity-interval", "--node-protection-time", "--autoscale-interval"}
     args = cli.build_parser().parse_args([
         "serve", "--bind-deadline", "30s", "--expansion-claim-timeout", "15m",
         "--gpu-status-interval", "500ms", "--node-protection-time", "1h30m"])
@@ -73,7 +73,7 @@ def test_format_duration_reads_back(seconds: float) -> None:
 def test_every_serve_option_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     parser = cli.build_parser()
     names = {options.env_name(cli.ENV_PREFIX, a.option_strings[0]) for a in _serve_actions(parser)}
-    assert len(names) == len(_serve_actions(parser)) == 34
+    assert len(names) == len(_serve_actions(parser)) == 38
     assert "TF_EXTENDER_BIND_DEADLINE" in names and "TF_EXTENDER_NO_PREEMPTOR" not in names
     monkeypatch.setenv("TF_EXTENDER_BIND_DEADLINE", "20s")
     monkeypatch.setenv("TF_EXTENDER_PREEMPTOR", "false")

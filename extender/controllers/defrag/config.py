@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from extender.common.cron import CronError, CronSchedule
 from extender.common.options import duration
 from extender.common.timefmt import parse_duration
-from extender.controllers.defrag.cron import CronError, CronSchedule
 
 FIELD = "spec.nodeManagerConfig.nodeCompaction.defrag"
 DEFAULT_SCHEDULE = "0 3 * * *"
