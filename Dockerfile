@@ -6,13 +6,15 @@
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md requirements.lock ./
 COPY extender ./extender
 COPY webhook ./webhook
 COPY certs ./certs
+# Exactly the locked versions, each file checked against its hash, so two builds of one commit install the
+# same packages; then the project alone (its build backend is in the lock too).
 RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install --upgrade pip \
- && /opt/venv/bin/pip install .
+ && /opt/venv/bin/pip install --require-hashes -r requirements.lock \
+ && /opt/venv/bin/pip install --no-deps --no-build-isolation .
 
 FROM python:3.11-slim
 LABEL org.opencontainers.image.title="tensor-fusion-extender" \

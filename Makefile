@@ -9,15 +9,26 @@ PYTEST_ARGS ?=
 JOBS ?= 4
 XDIST := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile --no-loadscope-reorder)
 
-.PHONY: test unit e2e lint typecheck venv demo bench control-plane clean docs
+.PHONY: test unit unit-lowest e2e lint typecheck venv demo bench control-plane clean docs
 
-$(BIN)/tf-extender: pyproject.toml
+# The venv holds exactly requirements-test.lock (every version pinned, every file's hash checked), then the
+# project itself without resolving anything more. docs/development.md#dependencies says how to renew the locks.
+$(BIN)/tf-extender: pyproject.toml requirements-test.lock
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --require-hashes -r requirements-test.lock
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
 venv: $(BIN)/tf-extender
+
+## make unit-lowest: the unit tests on the lowest versions pyproject.toml allows (constraints-lowest.txt)
+LOWEST_VENV ?= .venv-lowest
+unit-lowest:
+	rm -rf $(LOWEST_VENV)
+	$(PYTHON) -m venv $(LOWEST_VENV)
+	$(LOWEST_VENV)/bin/pip install --quiet -c constraints-lowest.txt -e '.[test]'
+	$(LOWEST_VENV)/bin/pip list --format=freeze | grep -i -E '^(aiohttp|orjson|httptools|numpy|kubernetes|cryptography|pydantic|prometheus.client|pyyaml|uvloop)=='
+	$(LOWEST_VENV)/bin/pytest -m "not e2e" $(XDIST) $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .
@@ -52,4 +63,4 @@ bench: venv control-plane
 	$(BIN)/python -m bench.run $(if $(QUICK),--quick,)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(LOWEST_VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache

@@ -110,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_arguments(commands.add_parser(
         "plan", help="print, as JSON lines, what the capacity controllers would do now on a snapshot"))
+
+    from extender.crds_cmd import add_crds_arguments
+
+    add_crds_arguments(commands.add_parser(
+        "crds", help="install the project's CRDs, refusing to replace TensorFusion's or any that has more"))
     return parser
 
 
@@ -137,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         from extender.plan_cmd import main_plan
 
         return main_plan(args)
+    if args.command == "crds":
+        from extender.crds_cmd import main_crds
+
+        return main_crds(args)
     return serve(args)
 
 

@@ -31,7 +31,7 @@ from kubernetes import client
 
 from extender import controllers
 from extender.common.contract import COMPONENT_LABEL, COMPONENT_WORKER
-from extender.controllers import Controller, Loop
+from extender.controllers import Controller, Loop, leader_gated_loop
 from extender.controllers.autoscale.config import AutoscaleOptions
 from extender.controllers.capacity.config import CapacityConfig
 from extender.controllers.capacity.loop import CapacityControllers
@@ -104,7 +104,8 @@ class Settings:
     @property
     def leader_elected(self) -> bool:
         """Whether a controller that acts on the whole cluster runs, so the process elects a leader."""
-        return self.expansion.enabled or self.capacity.enabled or self.defrag.enabled
+        return (self.expansion.enabled or self.capacity.enabled or self.defrag.enabled
+                or self.workload_autoscale.enabled)
 
 
 def build_caches(api_client: client.ApiClient, state: ClusterState,
@@ -304,7 +305,9 @@ class ExtenderService:
         if self.workload_autoscaler is None:
             return
         await self._all_synced()  # the ledger must know every pod before it resizes one
-        await self.workload_autoscaler.run()
+        # One replica resizes: two would each decide from their own ledger and patch the same pods.
+        await leader_gated_loop("workload-autoscale", self._leadership(), self.workload_autoscaler.reconcile,
+                                self.workload_autoscaler.options.interval_seconds)
 
     async def _defrag_after_sync(self) -> None:
         if self.defragmenter is None:

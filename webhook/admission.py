@@ -18,6 +18,7 @@ from typing import Any, Literal, NamedTuple
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from extender.common.shape import object_problem
 from webhook.memo import Mutation, MutationCache, encode_patch
 from webhook.mutation import is_opted_in, mutate
 from webhook.view import ClusterView
@@ -114,7 +115,7 @@ def parse_review(body: bytes) -> Request:
     if plain:
         request = _plain_request(data)
         if request is not None:
-            return request
+            return _readable(request)
     uid = _recover_uid(data)
     try:
         review = AdmissionReview.model_validate(data)
@@ -127,7 +128,18 @@ def parse_review(body: bytes) -> Request:
         )
         raise ReviewError(f"malformed {API_VERSION} {KIND}: {problems}", uid) from exc
     r = review.request
-    return Request(r.uid, r.operation, r.kind.group, r.kind.kind, r.namespace, r.object, plain)
+    return _readable(Request(r.uid, r.operation, r.kind.group, r.kind.kind, r.namespace, r.object, plain))
+
+
+def _readable(request: Request) -> Request:
+    """``request``, if its pod has the shape the webhook reads (``extender.common.shape``: text where
+    Kubernetes has text, bounded depth); else a ``ReviewError`` naming the field. The API server never sends
+    such a pod: checked once here, before anything reads, logs or prints it."""
+    if request.object is not None and request.kind == "Pod" and request.group == "":
+        problem = object_problem(request.object, "request.object")
+        if problem is not None:
+            raise ReviewError(f"malformed {API_VERSION} {KIND}: {problem}", request.uid)
+    return request
 
 
 def _plain_request(data: dict[str, Any]) -> Request | None:

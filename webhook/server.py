@@ -263,5 +263,6 @@ def _pod_name(pod: KubeObject | None) -> str | None:
     metadata = (pod or {}).get("metadata")
     if not isinstance(metadata, dict):
         return None
-    return str(metadata.get("name") or metadata.get("generateName") or "")[:253] or None
+    name = metadata.get("name") or metadata.get("generateName") or ""
+    return (name[:253] or None) if isinstance(name, str) else None
 

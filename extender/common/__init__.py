@@ -2,6 +2,7 @@
 
 The pod contract (``contract``: every ``tensor-fusion.ai/*`` pod key and its parsing), every other
 well-known key (``labels``: ours, Karpenter's, Kubernetes' and NVIDIA's), quantities, pod identity
-(``pods``), Go durations and RFC 3339 times (``timefmt``), logging and task helpers. It imports nothing
+(``pods``), the shape a request's API object must have before it is read (``shape``), Go durations and
+RFC 3339 times (``timefmt``), logging and task helpers. It imports nothing
 else of the project (tests/unit/test_layout.py holds that), so the webhook can use it whole.
 """

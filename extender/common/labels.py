@@ -88,4 +88,11 @@ GFD_MEMORY = "nvidia.com/gpu.memory"  # MiB
 
 # --- Kubernetes and Cluster Autoscaler annotations on helper pods -------------------------------------------
 APP_MANAGED_BY = "app.kubernetes.io/managed-by"
+# --- who installed a CustomResourceDefinition (tf-extender crds): ours carry APP_PART_OF; Helm marks what a
+# release's templates made; controller-gen (TensorFusion's CRDs) marks what it generated
+APP_PART_OF = "app.kubernetes.io/part-of"
+HELM_CHART = "helm.sh/chart"
+HELM_RELEASE_NAME = "meta.helm.sh/release-name"
+HELM_RELEASE_NAMESPACE = "meta.helm.sh/release-namespace"
+CONTROLLER_GEN_VERSION = "controller-gen.kubebuilder.io/version"
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"

@@ -2,16 +2,20 @@
 
 The Go types have no JSON tags, so the keys on the wire are the Go field names (``Pod``,
 ``NodeNames`` ...). Go decodes keys case-insensitively; so do these models. Pods and Nodes stay
-plain API JSON dicts. Optional Go pointers and maps may arrive as ``null``.
+plain API JSON dicts, checked here once for the shape the code reads (``extender.common.shape``: text where
+Kubernetes has text, bounded depth), so a malformed one is a bad request, never an error deeper in. Optional
+Go pointers and maps may arrive as ``null``.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from extender.common.shape import object_problem
 
 Obj = dict[str, Any]
 
@@ -49,12 +53,33 @@ class NodeList(_Wire):
     kind: str | None = Field(default=None, alias="kind")
     metadata: Obj | None = Field(default=None, alias="metadata")
 
+    @field_validator("items")
+    @classmethod
+    def _named_nodes(cls, items: list[Obj] | None) -> list[Obj] | None:
+        # Only the names are read (a full Node list can hold thousands): each must be text.
+        for i, node in enumerate(items or []):
+            meta = node.get("metadata")
+            if meta is not None and (not isinstance(meta, dict)
+                                     or not isinstance(meta.get("name", ""), str)):
+                raise ValueError(f"Nodes.items[{i}].metadata.name: expected a string")
+        return items
+
     def node_names(self) -> list[str]:
-        return [str((node.get("metadata") or {}).get("name", "")) for node in self.items or []]
+        return [(node.get("metadata") or {}).get("name", "") for node in self.items or []]
+
+
+def _readable_pod(pod: Obj) -> Obj:
+    problem = object_problem(pod, "Pod")
+    if problem is not None:
+        raise ValueError(problem)
+    return pod
+
+
+PodObj = Annotated[Obj, AfterValidator(_readable_pod)]
 
 
 class ExtenderArgs(_Wire):
-    pod: Obj = Field(alias="Pod")
+    pod: PodObj = Field(alias="Pod")
     nodes: NodeList | None = Field(default=None, alias="Nodes")
     node_names: list[str] | None = Field(default=None, alias="NodeNames")
 
@@ -114,7 +139,7 @@ class Victims(_Wire):
 
 
 class ExtenderPreemptionArgs(_Wire):
-    pod: Obj = Field(alias="Pod")
+    pod: PodObj = Field(alias="Pod")
     node_to_victims: dict[str, Victims | None] | None = Field(default=None, alias="NodeNameToVictims")
     node_to_meta_victims: dict[str, MetaVictims | None] | None = Field(
         default=None, alias="NodeNameToMetaVictims")

@@ -159,6 +159,7 @@ def test_lint(helm, values):
 def test_default_render_is_manifests_plus_the_tls_hook(helm):
     chart = render(helm, "--include-crds")
     manifests = [o for o in cpl.render_kustomization(cpl.MANIFESTS) if o["kind"] != "Namespace"]
+    manifests += cpl.render_kustomization(cpl.CRDS_DIR)  # the chart's crds/: manifests/crds, kept apart
     assert_same_objects(manifests, [o for o in chart if not _is_hook(o)])
     hooks = sorted(_key(o) for o in chart if _is_hook(o))
     assert hooks == [

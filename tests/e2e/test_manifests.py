@@ -67,7 +67,7 @@ def test_render_matches_kubectl_kustomize():
     kubectl = shutil.which("kubectl")
     if not kubectl:
         pytest.skip("kubectl not installed")
-    for d in (cpl.MANIFESTS, cpl.MANIFESTS / "optional"):
+    for d in (cpl.MANIFESTS, cpl.MANIFESTS / "crds", cpl.MANIFESTS / "optional"):
         try:
             out = subprocess.run(
                 [kubectl, "kustomize", str(d)], capture_output=True, text=True, timeout=60, check=True
@@ -85,6 +85,8 @@ def test_render_matches_kubectl_kustomize():
 
 def test_every_manifest_passes_server_side_dry_run(dyn, project_namespace, karpenter_crds):
     objs = cpl.render_kustomization(cpl.MANIFESTS)
+    assert "CustomResourceDefinition" not in {o["kind"] for o in objs}  # the base installs no CRD
+    objs += cpl.render_kustomization(cpl.CRDS_DIR)
     kinds = _kinds(objs)
     for expected in (
         "Namespace/tensor-fusion-sys",

@@ -73,7 +73,8 @@ def apply_crds(api_client, paths: Iterable[Path], timeout: float = 60) -> list[s
 
 
 def project_crd_files() -> list[Path]:
-    return sorted(CRDS_DIR.glob("*.yaml"))
+    """The CRD files of manifests/crds/ (not its kustomization.yaml)."""
+    return sorted(p for p in CRDS_DIR.glob("*.yaml") if p.name != "kustomization.yaml")
 
 
 def karpenter_crd_files() -> list[Path]:

@@ -54,6 +54,7 @@ def test_kustomization_lists_every_manifest():
         for p in MANIFESTS.rglob("*.yaml")
         if p.name != "kustomization.yaml"
         and "optional" not in p.parts
+        and "crds" not in p.parts
         and "scheduler" not in p.parent.parts[-1:]
     }
     assert on_disk == listed
@@ -62,6 +63,26 @@ def test_kustomization_lists_every_manifest():
     assert gen["files"] == ["kube-scheduler-config.yaml=scheduler/kube-scheduler-config.yaml"]
     opt = yaml.safe_load((MANIFESTS / "optional" / "kustomization.yaml").read_text())
     assert opt["resources"] == ["karpenter-nodeoverlay.yaml"]
+
+
+def test_the_base_installs_no_crd():
+    """Deleting the base must never delete a CRD (and every object of its kind), nor applying it replace
+    TensorFusion's: the CRDs are manifests/crds/, installed on purpose (tf-extender crds apply)."""
+    k = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
+    assert not [r for r in k["resources"] if "crds" in Path(r).parts]
+    assert not [o for o in all_objects() if o["kind"] == "CustomResourceDefinition"]
+
+
+def test_the_crd_folder_lists_exactly_the_crd_files_present():
+    k = yaml.safe_load((MANIFESTS / "crds" / "kustomization.yaml").read_text())
+    on_disk = sorted(p.name for p in (MANIFESTS / "crds").glob("*.yaml") if p.name != "kustomization.yaml")
+    assert sorted(k["resources"]) == on_disk, "list every manifests/crds/*.yaml in its kustomization.yaml"
+    assert set(k) == {"apiVersion", "kind", "resources"}
+    for name in on_disk:
+        (crd,) = docs(MANIFESTS / "crds" / name)
+        assert crd["kind"] == "CustomResourceDefinition", name
+        # what tf-extender crds recognizes as ours
+        assert crd["metadata"]["labels"]["app.kubernetes.io/part-of"] == "tensor-fusion-extender", name
 
 
 def test_scheduler_configuration(sched_cfg):

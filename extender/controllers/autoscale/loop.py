@@ -124,16 +124,6 @@ class WorkloadAutoscaler:
         self._memory: dict[tuple[str, str], _Memory] = {}
         self.source_problems: list[str] = []
 
-    async def run(self) -> None:
-        while True:
-            try:
-                await self.reconcile(dt.datetime.now(dt.UTC))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.exception("autoscale pass failed", extra={"error": error_message(exc)})
-            await asyncio.sleep(self.options.interval_seconds)
-
     def _source(self) -> UsageSource | None:
         if self.options.usage_file:
             source, problems = load_samples(self.options.usage_file)
