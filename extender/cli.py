@@ -24,6 +24,8 @@ from extender.controllers.capacity import config as capacity_config
 from extender.controllers.defrag import config as defrag_config
 from extender.controllers.expansion import config as expansion_config
 from extender.controllers.expansion import provisioner as autoscaler_config
+from extender.controllers.gpunode import config as gpunode_config
+from extender.controllers.tfcluster import config as tfcluster_config
 from extender.scheduling.state import InventorySource
 
 if TYPE_CHECKING:
@@ -46,6 +48,8 @@ CONTROLLER_OPTIONS: tuple[Callable[[argparse.ArgumentParser], None], ...] = (
     expansion_config.add_arguments,
     autoscaler_config.add_arguments,
     capacity_config.add_arguments,
+    tfcluster_config.add_arguments,
+    gpunode_config.add_arguments,
     workload_autoscale.add_arguments,
 )
 
@@ -185,7 +189,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         preemptor=preemptor.from_args(args), nudge_scheduler=nudge.from_args(args),
         gpu_status=gpustatus.from_args(args), defrag=defrag_config.from_args(args),
         expansion=expansion_config.from_args(args), autoscaler=autoscaler_config.from_args(args),
-        capacity=capacity_config.from_args(args), workload_autoscale=workload_autoscale.from_args(args),
+        capacity=capacity_config.from_args(args), tfcluster=tfcluster_config.from_args(args),
+        gpu_nodes=gpunode_config.from_args(args), workload_autoscale=workload_autoscale.from_args(args),
     )
 
 

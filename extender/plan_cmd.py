@@ -15,11 +15,15 @@ from typing import Any
 
 import yaml
 
+from extender.cloud.nodeclass import parse_node_class
+from extender.cloud.provider import LaunchRequest
+from extender.cloud.vendor import parse_vendor
 from extender.common.options import duration
 from extender.common.output import add_output_argument, json_lines, table, yaml_document
 from extender.common.timefmt import parse_time
 from extender.controllers.capacity.compaction_plan import plan_compaction
-from extender.controllers.capacity.launch_plan import plan_launches
+from extender.controllers.capacity.config import DEFAULT_CLUSTER_NAME
+from extender.controllers.capacity.launch_plan import LaunchPayload, plan_launches, plan_provisioned_launches
 from extender.controllers.defrag.plan import plan_defrag
 from extender.planning.action import Planner, plan
 from extender.planning.amounts import CapacityError
@@ -31,7 +35,7 @@ from extender.scheduling.state import ClusterState
 from extender.simulate_cmd import load_cluster, read_objects
 
 # The planners ``plan`` runs by default, in order; other planners register here with their own flag.
-DEFAULT_PLANNERS: list[Planner] = [plan_launches, plan_compaction]
+DEFAULT_PLANNERS: list[Planner] = [plan_launches, plan_provisioned_launches, plan_compaction]
 
 
 def _kind(obj: dict[str, Any]) -> str:
@@ -75,6 +79,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--defrag", action=argparse.BooleanOptionalAction, default=False,
                         help="also plan defragmentation: the evictions a run would make now in pools that "
                              "enable it, and the candidate nodes it would leave as they are")
+    parser.add_argument("--computing-vendor", metavar="FILE.yaml", default=None,
+                        help="Provisioned pools: the computingVendor (as for serve), when the snapshot has "
+                             "no TensorFusionCluster; each launch then prints the exact cloud request")
+    parser.add_argument("--cluster-name", default=DEFAULT_CLUSTER_NAME,
+                        help="Provisioned pools: the cluster tag of the VMs "
+                             f"(default {DEFAULT_CLUSTER_NAME})")
     parser.add_argument("--autoscale", action=argparse.BooleanOptionalAction, default=False,
                         help="also print each GPU workload's autoscaling recommendation and what a resize of "
                              "each of its workers would do (needs --samples for usage)")
@@ -110,7 +120,23 @@ def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = Non
     inputs = snapshot_inputs(objects, now=now, catalog=catalog, protection_seconds=args.protection_time)
     if planners is None:
         planners = [*DEFAULT_PLANNERS, *([plan_defrag] if getattr(args, "defrag", False) else [])]
-    rows = [action.as_json() for action in plan(inputs, planners)]
+    vendor_raw: Any = next(((o.get("spec") or {}).get("computingVendor") for o in objects
+                            if _kind(o) == "TensorFusionCluster"), None)
+    if getattr(args, "computing_vendor", None):
+        try:
+            with open(args.computing_vendor, encoding="utf-8") as handle:
+                vendor_raw = yaml.safe_load(handle)
+        except (OSError, yaml.YAMLError) as exc:
+            print(f"tf-extender plan: {exc}", file=sys.stderr)
+            return 2
+    classes = {object_name(o): o for o in objects if _kind(o) == "GPUNodeClass"}
+    rows = []
+    for action in plan(inputs, planners):
+        line = action.as_json()
+        if action.action == "launch" and action.payload.config.launches_vms:
+            line["cloudRequest"] = cloud_request(action.payload, classes, vendor_raw,
+                                                 getattr(args, "cluster_name", DEFAULT_CLUSTER_NAME))
+        rows.append(line)
     entries: list[dict[str, Any]] = []
     found: list[dict[str, Any]] | None = []
     if getattr(args, "autoscale", False):
@@ -152,3 +178,40 @@ def _plan_autoscale(args: argparse.Namespace, state: ClusterState, objects: Sequ
     if problems and not samples.samples:
         return None
     return plan_autoscale(state, objects, samples, now, zone)
+
+
+PLANNED_CLAIM = "__GPU_NODE_RESOURCE_NAME__"
+
+
+def cloud_request(payload: LaunchPayload, classes: dict[str, dict[str, Any]], vendor_raw: Any,
+                  cluster: str) -> dict[str, Any]:
+    """The request the cloud would be sent for one VM of a Provisioned launch. The claim's name is chosen
+    at launch, so it stays the placeholder; the user data is given as its SHA-256 digest; images, subnets
+    and groups named by tags are resolved only at launch (their terms are shown)."""
+    config = payload.config
+    obj = classes.get(config.gpu_node_class)
+    if obj is None:
+        return {"error": f"GPUNodeClass {config.gpu_node_class!r} is not in the snapshot"}
+    node_class = parse_node_class(obj)
+    vendor = parse_vendor(vendor_raw)
+    if node_class.problems or vendor.problems:
+        return {"error": "; ".join((*node_class.problems, *vendor.problems))}
+    offer = payload.launch.offering
+    request = LaunchRequest(claim=PLANNED_CLAIM, pool=config.name, cluster=cluster,
+                            instance_type=offer.instance.name, capacity_type=offer.capacity_type,
+                            zone=offer.zone, region=offer.instance.region or vendor.region,
+                            node_class=node_class)
+    if vendor.type != "aws":
+        return {"error": f"computingVendor.type {vendor.type!r}: not supported yet"}
+    from extender.cloud.aws import AWSProvider
+
+    params = AWSProvider(vendor).request_of(request)
+    if "UserData" in params:
+        params["UserData"] = node_class.user_data_digest(PLANNED_CLAIM)
+    unresolved = {k: [t.name or t.tags for t in terms if not t.id] for k, terms in (
+        ("osImageSelectorTerms", node_class.images), ("subnetSelectorTerms", node_class.subnets),
+        ("securityGroupSelectorTerms", node_class.security_groups))}
+    out: dict[str, Any] = {"vendor": vendor.type, "operation": "RunInstances", "parameters": params}
+    if any(unresolved.values()):
+        out["resolvedAtLaunch"] = {k: v for k, v in unresolved.items() if v}
+    return out

@@ -42,10 +42,14 @@ from extender.controllers.expansion.placeholder_port import attach_placeholders
 from extender.controllers.expansion.port import SharedCaches, kube_expander
 from extender.controllers.expansion.provisioner import AutoscalerConfig
 from extender.controllers.expansion.reservations import ReservationKeeper
+from extender.controllers.gpunode.config import GPUNodeConfig
+from extender.controllers.gpunode.writer import GPUNodeWriter, KubeGPUNodeApi
 from extender.controllers.gpustatus import GPUStatusWriter, KubeStatusApi, StatusSettings
 from extender.controllers.leadership import Leadership
 from extender.controllers.nudge import SchedulerNudger
 from extender.controllers.preemptor import Preemptor
+from extender.controllers.tfcluster.config import TFClusterConfig
+from extender.controllers.tfcluster.loop import TFClusterController
 from extender.kube import resources
 from extender.kube.aio import AsyncKube
 from extender.kube.events import EventRecorder
@@ -99,13 +103,15 @@ class Settings:
     defrag: DefragOptions = field(default_factory=DefragOptions)
     autoscaler: AutoscalerConfig = field(default_factory=AutoscalerConfig)
     capacity: CapacityConfig = field(default_factory=lambda: CapacityConfig(enabled=False))
+    tfcluster: TFClusterConfig = field(default_factory=lambda: TFClusterConfig(enabled=False))
+    gpu_nodes: GPUNodeConfig = field(default_factory=lambda: GPUNodeConfig(enabled=False))
     workload_autoscale: AutoscaleOptions = field(default_factory=AutoscaleOptions)  # --autoscale
 
     @property
     def leader_elected(self) -> bool:
         """Whether a controller that acts on the whole cluster runs, so the process elects a leader."""
         return (self.expansion.enabled or self.capacity.enabled or self.defrag.enabled
-                or self.workload_autoscale.enabled)
+                or self.workload_autoscale.enabled or self.tfcluster.enabled)
 
 
 def build_caches(api_client: client.ApiClient, state: ClusterState,
@@ -135,6 +141,9 @@ def build_controller_caches(api_client: client.ApiClient, settings: Settings) ->
     caches: dict[str, WatchCache] = {}
     if settings.expansion.enabled or settings.capacity.enabled:
         caches["nodeclaims"] = WatchCache(api_client, resources.NODECLAIMS, optional=True, name="nodeclaims")
+    if settings.gpu_nodes.enabled or settings.capacity.enabled:
+        # the GPUNode writer keeps them; compaction reads their phase and age
+        caches["gpunodes"] = WatchCache(api_client, resources.GPU_NODES, optional=True, name="gpunodes")
     return caches
 
 
@@ -191,7 +200,16 @@ class ExtenderService:
             settings.capacity, api_client, self.state, nodes=self.caches["nodes"],
             pools=self.caches["gpupools"], pods=self.caches["pods"], recorder=self.recorder,
             registry=self.metrics.registry, ready=self._all_synced, leader=self._leadership(),
-            nodeclaims=nodeclaims) if settings.capacity.enabled else None)
+            nodeclaims=nodeclaims, gpunodes=self.controller_caches.get("gpunodes"))
+            if settings.capacity.enabled else None)
+        self.tfclusters = (TFClusterController(settings.tfcluster, api_client, pools=self.caches["gpupools"],
+                                               recorder=self.recorder, leader=self._leadership())
+                           if settings.tfcluster.enabled else None)
+        gpunodes = self.controller_caches.get("gpunodes")
+        self.gpunode_writer = (GPUNodeWriter(settings.gpu_nodes, self.state, KubeGPUNodeApi(api_client),
+                                             nodes=self.caches["nodes"], gpunodes=gpunodes,
+                                             registry=self.metrics.registry, ready=self._all_synced)
+                               if settings.gpu_nodes.enabled and gpunodes is not None else None)
         self.workload_autoscaler = (self._workload_autoscaler(pod_api)
                                     if settings.workload_autoscale.enabled else None)
         all_observers = list(observers)
@@ -236,6 +254,10 @@ class ExtenderService:
             out.append(Loop("gpu-reservations", self.reservations.run))
         if self.capacity is not None:
             out.append(Loop("capacity", self.capacity.run))
+        if self.tfclusters is not None:
+            out.append(Loop("tensorfusioncluster", self.tfclusters.run))
+        if self.gpunode_writer is not None:
+            out.append(Loop("gpunodes", self.gpunode_writer.run))
         if self.nudger is not None:
             out.append(Loop("scheduler-nudge", self.nudger.run))
         if self.workload_autoscaler is not None:

@@ -170,12 +170,14 @@ def extender_registry() -> Any:
     from kubernetes import client
 
     from extender.controllers.capacity.config import CapacityConfig
+    from extender.controllers.gpunode.config import GPUNodeConfig
     from extender.controllers.gpustatus import StatusSettings
     from extender.service import ExtenderService, Settings
 
     configuration = client.Configuration()
     configuration.host = "http://127.0.0.1:1"
-    settings = Settings(capacity=CapacityConfig(enabled=True), gpu_status=StatusSettings())
+    settings = Settings(capacity=CapacityConfig(enabled=True), gpu_status=StatusSettings(),
+                        gpu_nodes=GPUNodeConfig())
     return ExtenderService(client.ApiClient(configuration), settings).metrics.registry
 
 

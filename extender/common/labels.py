@@ -32,6 +32,7 @@ GPU_NODE_LABEL = key("gpu-node")
 
 # --- ours: GPUPools -----------------------------------------------------------------------------------------
 # Which provisioner grows the pool, overriding TF_NODE_PROVISIONER (TensorFusion: ProvisionerLabelKey).
+# The same key on a Node names the GPUNodeClaim it joins (Provisioned mode: the VM's user data sets it).
 NODE_PROVISIONER = key("node-provisioner")
 # An RFC 3339 time: compact the pool now (TensorFusion: TensorFusionPoolManualCompaction).
 MANUAL_COMPACTION = key("manual-compaction")
@@ -40,6 +41,17 @@ MANUAL_DEFRAG = key("manual-defrag")
 # The Karpenter NodePool and instance type a pool's expansions use, when not taken from a template node.
 EXPANSION_NODEPOOL = key("expansion-nodepool")
 EXPANSION_INSTANCE_TYPE = key("expansion-instance-type")
+
+# --- TensorFusion's object model: TensorFusionCluster -> GPUPool, GPUPool -> GPUNodeClaim and GPUNode ------
+# The owner of a derived object: on a GPUPool the TensorFusionCluster's name, on a GPUNodeClaim or GPUNode
+# the GPUPool's (TensorFusion: LabelKeyOwner).
+MANAGED_BY = key("managed-by")
+# On a GPUNode: ``tensor-fusion.ai/pool-<pool>: "true"`` for each pool it serves
+# (TensorFusion: GPUNodePoolIdentifierLabelPrefix).
+POOL_IDENTIFIER_PREFIX = key("pool-")
+# Ours, on a GPUPool derived from a TensorFusionCluster: a hash of the specTemplate it was last written
+# from, so a pool edited by hand is told apart from a template that changed (TensorFusion keeps no such mark).
+TEMPLATE_HASH = key("template-hash")
 
 # --- ours: NodeClaims and GPUNodeClaims ---------------------------------------------------------------------
 EXPANSION_LABEL = key("expansion")
@@ -53,6 +65,16 @@ HOURLY_PRICING = key("hourly-pricing")  # TensorFusion: PricingAnnotation
 GPU_VENDOR = key("gpu-vendor")
 GPU_INSTANCE_FAMILY = key("gpu-instance-family")
 GPU_INSTANCE_SIZE = key("gpu-instance-size")
+
+# --- ours: the VMs and volumes of Provisioned-mode pools (cloud tags) ---------------------------------------
+# TensorFusion's three tags: "managed-by: tensor-fusion.ai", the claim's name and the GPUNodeClass.
+CLOUD_MANAGED_BY = "managed-by"
+CLOUD_TAG_NODE_NAME = key("node-name")
+CLOUD_TAG_NODE_CLASS = key("node-class")
+# The cluster (its TensorFusionCluster, or --cluster-name): what the orphan sweep selects on.
+CLOUD_TAG_CLUSTER = key("cluster")
+# On a GPUNodeClaim of a Provisioned pool: terminate the VM (and delete the Node) before the claim goes.
+PROVISIONED_FINALIZER = key("provisioned-node")
 
 # --- ours: helper pods (Cluster Autoscaler placeholders, GPU reservations) ----------------------------------
 PLACEHOLDER_LABEL = key("placeholder")

@@ -38,7 +38,7 @@ def _cell(value: Any) -> str:
 
 
 def json_lines(rows: Iterable[Mapping[str, Any]]) -> str:
-    return "".join(json.dumps(dict(row)) + "\n" for row in rows)
+    return "".join(json.dumps(dict(row), default=str) + "\n" for row in rows)
 
 
 def yaml_document(data: Any) -> str:

@@ -35,6 +35,10 @@ WORKLOAD_PROFILES = Resource("tensor-fusion.ai", "v1", "workloadprofiles", "Work
 TENSOR_FUSION_WORKLOADS = Resource("tensor-fusion.ai", "v1", "tensorfusionworkloads", "TensorFusionWorkload",
                                   True)
 GPU_NODE_CLAIMS = Resource("tensor-fusion.ai", "v1", "gpunodeclaims", "GPUNodeClaim", False)
+GPU_NODE_CLASSES = Resource("tensor-fusion.ai", "v1", "gpunodeclasses", "GPUNodeClass", False)
+GPU_NODES = Resource("tensor-fusion.ai", "v1", "gpunodes", "GPUNode", False)
+TENSOR_FUSION_CLUSTERS = Resource(
+    "tensor-fusion.ai", "v1", "tensorfusionclusters", "TensorFusionCluster", False)
 NODECLAIMS = Resource("karpenter.sh", "v1", "nodeclaims", "NodeClaim", False)
 NODEPOOLS = Resource("karpenter.sh", "v1", "nodepools", "NodePool", False)
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)

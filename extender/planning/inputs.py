@@ -9,7 +9,7 @@ from fractions import Fraction
 from typing import Any
 
 from extender.common.contract import POOL_LABEL
-from extender.common.labels import HOURLY_PRICING, SCHEDULING_DO_NOT_DISRUPT
+from extender.common.labels import HOURLY_PRICING, MANAGED_BY, SCHEDULING_DO_NOT_DISRUPT
 from extender.common.timefmt import parse_time
 from extender.planning.amounts import ZERO, Amount, CapacityError, parse_quantity_field
 from extender.planning.catalog import DEFAULT_CATALOG, Catalog
@@ -20,6 +20,9 @@ from extender.scheduling.inventory import object_name
 from extender.scheduling.state import ClusterState
 
 BOUND = "Bound"
+
+
+GPUNODE_RUNNING = "Running"  # TensorFusion: TensorFusionGPUNodePhaseRunning
 
 
 def _always(config: PoolConfig) -> bool:
@@ -33,6 +36,8 @@ class Inputs:
     pools: Sequence[Mapping[str, Any]] = ()
     nodes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # Node objects by name
     gpunodeclaims: Sequence[Mapping[str, Any]] = ()
+    # GPUNode objects by name (= their node's); compaction reads a node's age and phase from its GPUNode
+    gpunodes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     nodeclaims: Sequence[Mapping[str, Any]] = ()
     nodepools: Sequence[Mapping[str, Any]] = ()
     pdbs: Sequence[Mapping[str, Any]] = ()
@@ -42,6 +47,8 @@ class Inputs:
     protection_seconds: float = DEFAULT_PROTECTION_SECONDS
     compaction_due: Callable[[PoolConfig], bool] = _always
     leaving: frozenset[str] = frozenset()  # nodes already released, whatever the caches say yet
+    # offerings (instance type, capacity type, zone) the cloud just refused for lack of capacity
+    unavailable: frozenset[tuple[str, str, str]] = frozenset()
 
     def configs(self) -> list[PoolConfig]:
         return sorted((pool_config(p) for p in self.pools), key=lambda c: c.name)
@@ -52,8 +59,7 @@ class Inputs:
     def claims_of(self, pool: str) -> list[Mapping[str, Any]]:
         """The pool's GPUNodeClaims that are not being deleted."""
         return [c for c in self.gpunodeclaims
-                if ((c.get("metadata") or {}).get("labels") or {}).get(POOL_LABEL) == pool
-                and not (c.get("metadata") or {}).get("deletionTimestamp")]
+                if claim_pool(c) == pool and not (c.get("metadata") or {}).get("deletionTimestamp")]
 
     def nodeclaim_of_node(self) -> dict[str, str]:
         """Node name -> the NodeClaim that launched it."""
@@ -91,11 +97,22 @@ class Inputs:
             meta = node.get("metadata") or {}
             labels = meta.get("labels") or {}
             out.append(PoolNode(
-                name=name, capacity=capacity, used=used, created=parse_time(meta.get("creationTimestamp")),
+                name=name, capacity=capacity, used=used, created=self.node_age_origin(name, meta),
                 pinned=str(labels.get(SCHEDULING_DO_NOT_DISRUPT, "")).lower() == "true",
                 price=prices.get(claim_by_node.get(name, "")),
             ))
         return out
+
+    def node_age_origin(self, name: str, node_meta: Mapping[str, Any]) -> dt.datetime | None:
+        """When a node's protection time starts (TensorFusion: "its GPUNode is Running and older than 5
+        minutes"): its GPUNode's creation, or None (never old enough) while that GPUNode is not Running.
+        A node without a GPUNode (none are kept, e.g. --no-gpu-nodes) counts from the Node's creation."""
+        gpunode = self.gpunodes.get(name)
+        if gpunode is None:
+            return parse_time(node_meta.get("creationTimestamp"))
+        if (gpunode.get("status") or {}).get("phase") != GPUNODE_RUNNING:
+            return None
+        return parse_time((gpunode.get("metadata") or {}).get("creationTimestamp"))
 
     def capacity(self, pool: str, nodes: Sequence[PoolNode] | None = None) -> PoolCapacity:
         nodes = self.pool_nodes(pool) if nodes is None else nodes
@@ -104,6 +121,13 @@ class Inputs:
         pending = sum((claim_offer(c) for c in self.claims_of(pool)
                        if (c.get("status") or {}).get("phase") != BOUND), ZERO)
         return PoolCapacity(total, available, pending)
+
+
+def claim_pool(claim: Mapping[str, Any]) -> str:
+    """The GPUPool a GPUNodeClaim belongs to: TensorFusion's ``tensor-fusion.ai/managed-by``, else this
+    project's earlier ``tensor-fusion.ai/gpupool`` (claims made by either side count)."""
+    labels = (claim.get("metadata") or {}).get("labels") or {}
+    return str(labels.get(MANAGED_BY) or labels.get(POOL_LABEL) or "")
 
 
 def claim_offer(claim: Mapping[str, Any]) -> Amount:

@@ -64,6 +64,12 @@ class PoolConfig:
     manual_compaction: dt.datetime | None = None
     problems: tuple[str, ...] = ()
     uid: str = ""
+    # Provisioned mode: the GPUNodeClass the extender launches VMs from ("": nodes are added by the user)
+    gpu_node_class: str = ""
+
+    @property
+    def launches_vms(self) -> bool:
+        return self.mode is ProvisioningMode.PROVISIONED and bool(self.gpu_node_class)
 
 
 def _string_map(raw: Any) -> dict[str, str]:
@@ -118,6 +124,14 @@ def pool_config(obj: Mapping[str, Any]) -> PoolConfig:
         else:
             node_class = NodeClassRef(**fields)
 
+    gpu_node_class = ""
+    raw_class = provisioner.get("nodeClass")
+    if mode is ProvisioningMode.PROVISIONED and raw_class is not None:
+        if isinstance(raw_class, str) and raw_class.strip():
+            gpu_node_class = raw_class.strip()
+        else:
+            problems.append(f"nodeProvisioner.nodeClass={raw_class!r}: expected the name of a GPUNodeClass")
+
     taints = tuple(
         {"key": str(t.get("key")), "value": str(t.get("value") or ""),
          "effect": str(t.get("effect") or "NoSchedule")}
@@ -137,5 +151,5 @@ def pool_config(obj: Mapping[str, Any]) -> PoolConfig:
         node_class=node_class, labels=_string_map(provisioner.get("gpuNodeLabels")),
         annotations=_string_map(provisioner.get("gpuNodeAnnotations")), taints=taints,
         compaction_period=max(period, 1.0), manual_compaction=parse_time(annotations.get(MANUAL_COMPACTION)),
-        problems=tuple(problems), uid=str(meta.get("uid") or ""),
+        problems=tuple(problems), uid=str(meta.get("uid") or ""), gpu_node_class=gpu_node_class,
     )

@@ -273,11 +273,16 @@ def test_values_reach_the_objects_and_every_command_line_is_valid(helm):
     )
     assert (args.expansion_enabled, args.write_gpu_status) == (False, False)
     # auto: TensorFusion's own controller (GPUNode API served) owns GPU status
-    tf = render(helm, "--api-versions", "tensor-fusion.ai/v1/GPUNode")
+    tf = render(helm, "--api-versions", "tensor-fusion.ai/v1/TensorFusionConnection")
     assert (
         "--write-gpu-status"
         not in _container(tf, "Deployment", "tensor-fusion-scheduler", "extender")["command"]
     )
+    # and its controllers own TensorFusionClusters' pools and the GPUNodes
+    tf_args = _parse(extender_cli.build_parser(),
+                     _container(tf, "Deployment", "tensor-fusion-scheduler", "extender")["command"])
+    assert (tf_args.tfcluster_enabled, tf_args.gpu_nodes_enabled) == (False, False)
+    assert (args.tfcluster_enabled, args.gpu_nodes_enabled) == (True, True)
 
 
 def test_tls_modes(helm):
@@ -658,7 +663,10 @@ def test_another_namespace_reaches_every_namespaced_reference(helm):
 # port the probes use), in-cluster credentials, plain HTTP on loopback, the catalog as a file (the chart takes
 # capacity.catalogConfigMap instead), and --config itself (values are the chart's config file).
 FIXED_BY_THE_CHART = {"--port", "--bind-address", "--metrics-port", "--metrics-bind-address", "--prefix",
-                      "--kubeconfig", "--cert-dir", "--catalog", "--autoscale-usage-file", "--config"}
+                      "--kubeconfig", "--cert-dir", "--catalog", "--autoscale-usage-file", "--config",
+                      # TensorFusionCluster and GPUNode controllers: off when TensorFusion's own API is served
+                      "--tensorfusion-clusters", "--tensorfusion-cluster-interval", "--gpu-nodes",
+                      "--gpu-node-interval"}
 EVERY_EXTENDER_VALUE = {
     "extender.inventorySource": "gpu-objects", "extender.maxPodsPerNode": "32",
     "extender.bindDeadline": "40s",

@@ -331,6 +331,11 @@ def test_project_crd_defaults_a_minimal_object_as_tensor_fusion_does(api_client,
             "schedulingconfigtemplates": lambda: spec.get("placement", {}).get("mode"),
             "workloadprofiles": lambda: {k: spec.get(k) for k in PROFILE_FIELDS_WE_READ},
             "gpunodeclaims": lambda: spec,
+            "tensorfusionclusters": lambda: spec.get("gpuPools"),
+            "gpunodes": lambda: {k: status.get(k)
+                                 for k in ("phase", "totalTFlops", "totalVRAM", "totalGPUs")},
+            "gpunodeclasses": lambda: spec,
+            "tensorfusionworkloads": lambda: spec,
         }[plural]()
 
     assert fields_we_read(stored) == fields_we_read(expected)

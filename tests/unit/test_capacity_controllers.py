@@ -139,7 +139,9 @@ def test_claim_bodies() -> None:
         o for o in offerings(parse_catalog(CATALOG), config.requirements) if o.capacity_type == "spot"
     ]
     gnc = gpunodeclaim_body(config, offer, "kp-abc")
-    assert gnc["metadata"]["labels"] == {"tensor-fusion.ai/gpupool": "kp"}
+    # TensorFusion's key and ours, so claims are read by either
+    assert gnc["metadata"]["labels"] == {"tensor-fusion.ai/managed-by": "kp",
+                                         "tensor-fusion.ai/gpupool": "kp"}
     assert gnc["metadata"]["annotations"] == {"tensor-fusion.ai/hourly-pricing": "0.5"}
     assert gnc["metadata"]["ownerReferences"][0]["uid"] == "pool-uid"
     assert gnc["spec"] == {
@@ -289,6 +291,28 @@ async def test_phases_follow_the_nodeclaim_and_the_node(catalog_file: str) -> No
         ("DELETE", "gpunodeclaims", "c-gone"),
     ]
     assert ("c-gone", "NodeClaimGone") in [(e[0], e[1]) for e in port.events]
+
+
+async def test_the_karpenter_sync_leaves_the_claims_of_provisioned_pools_alone(catalog_file: str) -> None:
+    """A Provisioned pool's claims have no NodeClaim: the Karpenter launcher must neither give them one
+    nor delete them as NodeClaimGone (the provisioned controller owns them)."""
+    port = FakePort(existing={"/kwoknodeclasses/default"})
+    provisioned_pool = {"kind": "GPUPool", "apiVersion": "tensor-fusion.ai/v1", "metadata": {"name": "pp"},
+                        "spec": {"nodeManagerConfig": {"provisioningMode": "Provisioned",
+                                                       "nodeProvisioner": {"nodeClass": "gpu"}}}}
+    ref = {"group": "tensor-fusion.ai", "kind": "GPUNodeClass", "version": "v1", "name": "gpu"}
+    claims = [
+        {"kind": "GPUNodeClaim", "apiVersion": "tensor-fusion.ai/v1",
+         "metadata": {"name": n, "labels": {"tensor-fusion.ai/gpupool": pool}},
+         "spec": {"nodeClassRef": ref}, "status": {"phase": phase}}
+        for n, pool, phase in (("p-pending", "pp", "Pending"), ("p-creating", "pp", "Creating"),
+                               ("k-odd", "kp", "Creating"))
+    ]
+    view = view_of(port, [karpenter_pool(), provisioned_pool], nodes=[], claims=claims, nodeclaims=[],
+                   tmp_catalog=catalog_file)
+    provisioner = Launcher(view, port, LauncherMetrics(CollectorRegistry()))  # type: ignore[arg-type]
+    await provisioner.sync_claims()
+    assert [c for c in port.calls if c[0] in ("PATCH", "DELETE", "POST")] == []
 
 
 def autoselect_pool(annotations: dict[str, str] | None = None, **capacity: Any) -> dict[str, Any]:

@@ -201,6 +201,11 @@ SERVE_FLAGS_BEFORE_THE_REGISTRY: dict[str, tuple[str, Any, list[str] | None]] = 
     "--capacity-interval": ("capacity_interval", 10.0, None),
     "--catalog": ("catalog_file", None, None),
     "--catalog-configmap": ("catalog_configmap", None, None),
+    "--computing-vendor": ("computing_vendor_file", None, None),
+    "--cluster-name": ("cluster_name", "tensor-fusion", None),
+    "--node-join-timeout": ("node_join_timeout", 900.0, None),
+    "--orphan-grace": ("orphan_grace", 600.0, None),
+    "--capacity-error-backoff": ("capacity_error_backoff", 300.0, None),
     "--cert-dir": ("cert_dir", None, None),
     "--defrag --no-defrag": ("defrag", True, None),
     "--defrag-replacement-timeout": ("defrag_replacement_timeout", 300.0, None),
@@ -231,6 +236,13 @@ SERVE_FLAGS_BEFORE_THE_REGISTRY: dict[str, tuple[str, Any, list[str] | None]] = 
     "--write-gpu-status --no-write-gpu-status": ("write_gpu_status", False, None),
     "--config": ("config", None, None),
 }
+# flags added since, each with its default
+SERVE_FLAGS_ADDED_SINCE: dict[str, tuple[str, Any, list[str] | None]] = {
+    "--tensorfusion-clusters --no-tensorfusion-clusters": ("tfcluster_enabled", True, None),
+    "--tensorfusion-cluster-interval": ("tensorfusion_cluster_interval", 30.0, None),
+    "--gpu-nodes --no-gpu-nodes": ("gpu_nodes_enabled", True, None),
+    "--gpu-node-interval": ("gpu_node_interval", 5.0, None),
+}
 
 
 def test_serve_keeps_every_flag_and_default_it_had_before_the_options_were_gathered(
@@ -244,7 +256,7 @@ def test_serve_keeps_every_flag_and_default_it_had_before_the_options_were_gathe
     serve = commands.choices["serve"]
     flags = {" ".join(a.option_strings): (a.dest, a.default, list(a.choices) if a.choices else None)
              for a in serve._actions if not isinstance(a, argparse._HelpAction)}
-    assert flags == SERVE_FLAGS_BEFORE_THE_REGISTRY
+    assert flags == {**SERVE_FLAGS_BEFORE_THE_REGISTRY, **SERVE_FLAGS_ADDED_SINCE}
 
 
 def test_serve_flags_reach_each_controllers_settings() -> None:

@@ -12,7 +12,9 @@ from kubernetes import client
 
 from extender.controllers import LEADER_LEASE, LEGACY_LEASES, Loop, leader_gated_loop, start, stop
 from extender.controllers.capacity.config import CapacityConfig
+from extender.controllers.gpunode.config import GPUNodeConfig
 from extender.controllers.leadership import Leadership
+from extender.controllers.tfcluster.config import TFClusterConfig
 from extender.service import ExtenderService, Settings
 
 
@@ -123,12 +125,18 @@ def _service(settings: Settings) -> ExtenderService:
 
 
 def test_serve_runs_every_enabled_loop_once_with_one_nodeclaim_watch() -> None:
-    service = _service(Settings(capacity=CapacityConfig(enabled=True)))
+    service = _service(Settings(capacity=CapacityConfig(enabled=True), tfcluster=TFClusterConfig(),
+                                gpu_nodes=GPUNodeConfig()))
     names = [c.name for c in service.controllers()]
     assert names == [
         "watch-nodes", "watch-pods", "watch-gpupools", "watch-schedulingconfigtemplates", "watch-gpus",
-        "watch-poddisruptionbudgets", "watch-nodeclaims", "leader", "preemptor", "expander", "defrag",
-        "gpu-reservations", "capacity", "scheduler-nudge", "gc-freeze"]
+        "watch-poddisruptionbudgets", "watch-nodeclaims", "watch-gpunodes", "leader", "preemptor", "expander",
+        "defrag", "gpu-reservations", "capacity", "tensorfusioncluster", "gpunodes", "scheduler-nudge",
+        "gc-freeze"]
+    # compaction reads the GPUNodes the writer keeps: one cache
+    assert service.capacity is not None and service.gpunode_writer is not None
+    assert service.capacity.view.gpunodes is service.controller_caches["gpunodes"]
+    assert service.gpunode_writer.gpunodes is service.controller_caches["gpunodes"]
     assert service.expander is not None and service.capacity is not None
     claims = service.controller_caches["nodeclaims"]
     # the expander and the capacity controllers read the one NodeClaim cache and run neither copy

@@ -189,8 +189,11 @@ def test_rbac_is_least_privilege():
             assert "*" not in r["verbs"] and "*" not in r["resources"] and "*" not in r["apiGroups"]
             assert "secrets" not in r["resources"]
             assert not {"deletecollection", "update", "escalate", "bind", "impersonate"} & set(r["verbs"])
-            # deleting is only for the claims of nodes that compaction releases
-            assert "delete" not in r["verbs"] or set(r["resources"]) <= {"nodeclaims", "gpunodeclaims"}
+            # deleting is only for the claims of nodes that compaction releases, the GPUPools a
+            # TensorFusionCluster no longer lists, the GPUNodes of nodes that are gone, and the Node of a
+            # Provisioned-mode VM once the VM is terminated
+            assert "delete" not in r["verbs"] or set(r["resources"]) <= {
+                "nodeclaims", "gpunodeclaims", "gpupools", "gpunodes", "nodes"}
     for r in _rules("tensor-fusion-webhook"):
         assert set(r["verbs"]) <= {"get", "list", "watch"}
     granted = {
@@ -213,6 +216,8 @@ def test_rbac_is_least_privilege():
         ("karpenter.sh", "nodeclaims", "delete"),
         ("tensor-fusion.ai", "gpunodeclaims/status", "patch"),
         ("", "nodes", "patch"),
+        ("", "nodes", "delete"),
+        ("tensor-fusion.ai", "gpunodeclasses", "watch"),
     ]:
         assert needed in granted
     bound = {
@@ -253,6 +258,10 @@ TENSOR_FUSION_KINDS = {
     "schedulingconfigtemplates": ("SchedulingConfigTemplate", "Cluster"),
     "workloadprofiles": ("WorkloadProfile", "Namespaced"),
     "gpunodeclaims": ("GPUNodeClaim", "Cluster"),
+    "tensorfusionclusters": ("TensorFusionCluster", "Cluster"),
+    "gpunodes": ("GPUNode", "Cluster"),
+    "gpunodeclasses": ("GPUNodeClass", "Cluster"),
+    "tensorfusionworkloads": ("TensorFusionWorkload", "Namespaced"),
 }
 SHIPPED_PLURALS = sorted(
     p for p in TENSOR_FUSION_KINDS if (MANIFESTS / "crds" / f"tensor-fusion.ai_{p}.yaml").exists()

@@ -46,7 +46,7 @@ policy forbids a scheduler newer than the API server; a vendor suffix such as -e
 {{- define "tfe.writeGpuStatus" -}}
 {{- $value := .Values.extender.writeGpuStatus -}}
 {{- if eq (toString $value) "auto" -}}
-{{- if not (.Capabilities.APIVersions.Has "tensor-fusion.ai/v1/GPUNode") }}true{{ end -}}
+{{- if not (.Capabilities.APIVersions.Has "tensor-fusion.ai/v1/TensorFusionConnection") }}true{{ end -}}
 {{- else if $value -}}true{{- end -}}
 {{- end }}
 

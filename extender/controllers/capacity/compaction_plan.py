@@ -5,6 +5,8 @@ means differs:
 
 - Karpenter mode: delete the node's NodeClaim and its GPUNodeClaim (our claims carry
   ``karpenter.sh/do-not-disrupt``, so only we remove them).
+- Provisioned mode with a GPUNodeClass: delete the node's GPUNodeClaim; its finalizer terminates the VM,
+  waits for it to be gone and deletes the Node.
 - AutoSelect mode: label the node ``tensor-fusion.ai/should-delete=true`` (as TensorFusion does) and take
   away our ``karpenter.sh/do-not-disrupt``, so Karpenter's own consolidation removes it. Because
   Karpenter consolidates every empty node by itself, the empty nodes kept for warm or minimum capacity
@@ -22,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from extender.common.labels import DO_NOT_DISRUPT, PROTECTED_BY, SHOULD_DELETE
+from extender.common.labels import DO_NOT_DISRUPT, NODE_PROVISIONER, PROTECTED_BY, SHOULD_DELETE
 from extender.planning.action import Action
 from extender.planning.inputs import Inputs
 from extender.planning.pool import PoolConfig, ProvisioningMode
@@ -33,6 +35,7 @@ from extender.planning.removal import Decision, NodeVerdict, removal_decisions
 class NodePayload:
     config: PoolConfig
     nodeclaim: str | None = None  # Karpenter mode: the claim to delete
+    gpunodeclaim: str | None = None  # Provisioned mode: the claim to delete (its finalizer ends the VM)
 
 
 def _meta(node: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
@@ -76,9 +79,24 @@ def _karpenter(inputs: Inputs, config: PoolConfig, decisions: list[Decision], du
                          payload=NodePayload(config, claim))
 
 
+def _provisioned(inputs: Inputs, config: PoolConfig, decisions: list[Decision],
+                 due: bool) -> Iterable[Action]:
+    if not due:
+        return
+    ours = {str((c.get("metadata") or {}).get("name")) for c in inputs.claims_of(config.name)}
+    for decision in decisions:
+        labels, _ = _meta(inputs.nodes.get(decision.node.name) or {})
+        claim = str(labels.get(NODE_PROVISIONER) or "")
+        if decision.verdict is NodeVerdict.RELEASE and claim in ours:
+            yield Action("release", config.name,
+                         f"{decision.reason}; deleting GPUNodeClaim {claim} (its VM is terminated)",
+                         node=decision.node.name, details={"gpuNodeClaim": claim},
+                         payload=NodePayload(config, gpunodeclaim=claim))
+
+
 def plan_compaction(inputs: Inputs) -> Iterable[Action]:
     for config in inputs.configs():
-        if config.mode is ProvisioningMode.PROVISIONED or config.problems:
+        if (config.mode is ProvisioningMode.PROVISIONED and not config.launches_vms) or config.problems:
             continue
         nodes = inputs.pool_nodes(config.name)
         if not nodes:
@@ -87,6 +105,8 @@ def plan_compaction(inputs: Inputs) -> Iterable[Action]:
         due = inputs.compaction_due(config)
         if config.mode is ProvisioningMode.KARPENTER:
             yield from _karpenter(inputs, config, decisions, due)
+        elif config.launches_vms:
+            yield from _provisioned(inputs, config, decisions, due)
         else:
             yield from _autoselect(inputs, config, decisions, due)
 

@@ -88,7 +88,10 @@ class Compactor:
         payload: NodePayload = action.payload
         node = str(action.node)
         try:
-            if action.action == "release" and payload.nodeclaim:
+            if action.action == "release" and payload.gpunodeclaim:
+                self.view.released[node] = time.monotonic()
+                await self.port.delete(GPU_NODE_CLAIMS, payload.gpunodeclaim)
+            elif action.action == "release" and payload.nodeclaim:
                 self.view.released[node] = time.monotonic()
                 await self.port.delete(NODECLAIMS, payload.nodeclaim)
                 await self.port.delete(GPU_NODE_CLAIMS, payload.nodeclaim)

@@ -12,6 +12,10 @@ from extender.planning.removal import DEFAULT_PROTECTION_SECONDS
 DEFAULT_INTERVAL = 10.0
 # How young a tensor-fusion.ai/manual-compaction timestamp must be to trigger a compaction.
 DEFAULT_MANUAL_WINDOW = 60.0
+DEFAULT_CLUSTER_NAME = "tensor-fusion"
+DEFAULT_JOIN_TIMEOUT = 900.0
+DEFAULT_ORPHAN_GRACE = 600.0
+DEFAULT_CAPACITY_BACKOFF = 300.0
 
 
 @dataclass(frozen=True)
@@ -22,12 +26,25 @@ class CapacityConfig:
     manual_window_seconds: float = DEFAULT_MANUAL_WINDOW
     catalog_file: str | None = None
     catalog_configmap: str | None = None  # NAMESPACE/NAME
+    # Provisioned mode (VMs through the cloud's API)
+    computing_vendor_file: str | None = None
+    cluster_name: str = DEFAULT_CLUSTER_NAME
+    join_timeout_seconds: float = DEFAULT_JOIN_TIMEOUT
+    orphan_grace_seconds: float = DEFAULT_ORPHAN_GRACE
+    capacity_backoff_seconds: float = DEFAULT_CAPACITY_BACKOFF
 
     def __post_init__(self) -> None:
         if self.interval_seconds <= 0:
             raise ValueError(f"capacity interval must be positive, got {self.interval_seconds}")
         if self.protection_seconds < 0:
             raise ValueError(f"node protection time must not be negative, got {self.protection_seconds}")
+        for flag, value in (("--node-join-timeout", self.join_timeout_seconds),
+                            ("--orphan-grace", self.orphan_grace_seconds),
+                            ("--capacity-error-backoff", self.capacity_backoff_seconds)):
+            if value <= 0:
+                raise ValueError(f"{flag} must be positive, got {value}")
+        if not self.cluster_name:
+            raise ValueError("--cluster-name must not be empty")
         if self.catalog_configmap is not None and self.catalog_configmap.count("/") != 1:
             raise ValueError(f"--catalog-configmap {self.catalog_configmap!r}: expected NAMESPACE/NAME")
 
@@ -49,11 +66,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="instance types over the built-in catalog (see tf-extender plan)")
     group.add_argument("--catalog-configmap", default=None, metavar="NAMESPACE/NAME",
                        help="a ConfigMap whose catalog.yaml extends the catalog; read on every reconcile")
-
+    group.add_argument("--computing-vendor", dest="computing_vendor_file", default=None, metavar="FILE.yaml",
+                       help="Provisioned mode: the TensorFusionCluster's computingVendor (type aws or "
+                            "alibaba, params.defaultRegion, accessKeyPath/secretKeyPath, extraParams); "
+                            "read on every reconcile")
+    group.add_argument("--cluster-name", default=DEFAULT_CLUSTER_NAME,
+                       help="Provisioned mode: the tag tensor-fusion.ai/cluster on every VM; the orphan "
+                            f"sweep terminates only VMs tagged with it (default {DEFAULT_CLUSTER_NAME})")
+    group.add_argument("--node-join-timeout", type=float, default=DEFAULT_JOIN_TIMEOUT, metavar="SECONDS",
+                       help="Provisioned mode: terminate a VM whose Node has not joined after this long "
+                            "(default 900)")
+    group.add_argument("--orphan-grace", type=float, default=DEFAULT_ORPHAN_GRACE, metavar="SECONDS",
+                       help="Provisioned mode: terminate a VM tagged for this cluster that no GPUNodeClaim "
+                            "owns once it is this old (default 600)")
+    group.add_argument("--capacity-error-backoff", type=float, default=DEFAULT_CAPACITY_BACKOFF,
+                       metavar="SECONDS",
+                       help="Provisioned mode: an offering the cloud refused for lack of capacity is not "
+                            "tried again for this long; a pool whose launch failed otherwise waits as long "
+                            "(default 300)")
 
 def from_args(args: argparse.Namespace) -> CapacityConfig:
     return CapacityConfig(
         enabled=bool(args.capacity_enabled), interval_seconds=float(args.capacity_interval),
         protection_seconds=float(args.node_protection_time), catalog_file=args.catalog_file,
-        catalog_configmap=args.catalog_configmap,
+        catalog_configmap=args.catalog_configmap, computing_vendor_file=args.computing_vendor_file,
+        cluster_name=str(args.cluster_name), join_timeout_seconds=float(args.node_join_timeout),
+        orphan_grace_seconds=float(args.orphan_grace),
+        capacity_backoff_seconds=float(args.capacity_error_backoff),
     )

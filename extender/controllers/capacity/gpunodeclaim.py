@@ -1,6 +1,7 @@
 """The GPUNodeClaim and Karpenter NodeClaim of one node launched for a Karpenter-mode pool (pure).
 
-The GPUNodeClaim is owned by the GPUPool, labelled with the pool and annotated with the hourly price;
+The GPUNodeClaim is owned by the GPUPool, labelled with the pool (``tensor-fusion.ai/managed-by``,
+TensorFusion's key, and ``tensor-fusion.ai/gpupool``) and annotated with the hourly price;
 the NodeClaim has the same name, is owned by the GPUNodeClaim, pins the chosen instance type, capacity
 type and zone, carries the pool's gpuNodeLabels (plus the pool label and GPU Feature Discovery labels,
 so the extender knows the node's GPUs the moment it registers), its gpuTaints, a ``nvidia.com/gpu``
@@ -25,6 +26,8 @@ from extender.common.labels import (
     GPU_NODE_CLAIM_LABEL,
     HOURLY_PRICING,
     INSTANCE_TYPE,
+    MANAGED_BY,
+    NODE_PROVISIONER,
     NVIDIA_GPU,
     REGION,
     ZONE,
@@ -71,7 +74,8 @@ def gpunodeclaim_body(config: PoolConfig, offer: Offering, name: str) -> dict[st
         spec["region"] = instance.region
     if config.node_class is not None:
         spec["nodeClassRef"] = {**config.node_class.as_json(), "version": config.node_class.version}
-    metadata: dict[str, Any] = {"name": name, "labels": {POOL_LABEL: config.name},
+    # TensorFusion ties a claim to its pool by managed-by; the gpupool label is kept for earlier releases
+    metadata: dict[str, Any] = {"name": name, "labels": {MANAGED_BY: config.name, POOL_LABEL: config.name},
                                 "annotations": {HOURLY_PRICING: price_text(offer.price)}}
     if config.uid:
         metadata["ownerReferences"] = [_owner(GPU_POOLS.api_version, "GPUPool", config.name, config.uid)]
@@ -103,6 +107,8 @@ def nodeclaim_body(config: PoolConfig, offer: Offering, name: str, owner_uid: st
     instance = offer.instance
     labels: dict[str, str] = {
         **config.labels, POOL_LABEL: config.name, GPU_NODE_CLAIM_LABEL: name,
+        # TensorFusion finds a Node's GPUNodeClaim by this label (its ProvisionerLabelKey)
+        NODE_PROVISIONER: name,
         GFD_COUNT: str(instance.gpu_count), GFD_MEMORY: str(instance.vram_per_gpu // _MIB),
     }
     product = label_value(instance.gpu_model)
@@ -125,3 +131,11 @@ def nodeclaim_body(config: PoolConfig, offer: Offering, name: str, owner_uid: st
 
 def claim_phase(gpunodeclaim: Mapping[str, Any]) -> str:
     return str((gpunodeclaim.get("status") or {}).get("phase") or "Pending")
+
+
+# The kind of nodeClassRef on the GPUNodeClaims of Provisioned-mode pools (VMs through the cloud's API).
+GPU_NODE_CLASS_KIND = "GPUNodeClass"
+
+
+def is_provisioned_claim(claim: Mapping[str, Any]) -> bool:
+    return str(((claim.get("spec") or {}).get("nodeClassRef") or {}).get("kind") or "") == GPU_NODE_CLASS_KIND

@@ -120,7 +120,8 @@ def plan_pool(inputs: Inputs, config: PoolConfig) -> list[Action]:
                       "can be launched")]
     nodes = inputs.pool_nodes(config.name)
     capacity = inputs.capacity(config.name, nodes)
-    offers = offerings(inputs.catalog, config.requirements)
+    offers = [o for o in offerings(inputs.catalog, config.requirements)
+              if o.sort_key not in inputs.unavailable]
     demand, holding = pending_demand(inputs, config, [n.name for n in nodes], offers)
     needed = gap(config, capacity, demand)
     if needed.is_zero:
@@ -139,7 +140,13 @@ def plan_pool(inputs: Inputs, config: PoolConfig) -> list[Action]:
     return actions
 
 
-def plan_launches(inputs: Inputs) -> Iterable[Action]:
+def plan_launches(inputs: Inputs, provisioned: bool = False) -> Iterable[Action]:
+    """Karpenter-mode pools; with ``provisioned``, the Provisioned pools that name a GPUNodeClass."""
     for config in inputs.configs():
-        if config.mode is ProvisioningMode.KARPENTER:
+        if (config.launches_vms if provisioned else config.mode is ProvisioningMode.KARPENTER):
             yield from plan_pool(inputs, config)
+
+
+def plan_provisioned_launches(inputs: Inputs) -> Iterable[Action]:
+    """The launches of Provisioned pools that name a GPUNodeClass (VMs through the cloud's API)."""
+    return plan_launches(inputs, provisioned=True)

@@ -22,19 +22,19 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from extender.common.contract import POOL_LABEL
 from extender.controllers.capacity.gpunodeclaim import (
     claim_name,
     claim_phase,
     gpunodeclaim_body,
+    is_provisioned_claim,
     nodeclaim_body,
 )
 from extender.controllers.capacity.launch_plan import LaunchPayload, plan_launches
-from extender.controllers.capacity.port import KubePort, LiveView
+from extender.controllers.capacity.port import KubePort, LiveView, write_condition
 from extender.kube.client import error_message, error_status, not_found
-from extender.kube.resources import GPU_NODE_CLAIMS, GPU_POOLS, NODECLAIMS, collection_path
+from extender.kube.resources import GPU_NODE_CLAIMS, NODECLAIMS, collection_path
 from extender.planning.action import Action
-from extender.planning.inputs import claim_price
+from extender.planning.inputs import claim_pool, claim_price
 from extender.planning.offerings import Offering
 from extender.planning.pool import PoolConfig, ProvisioningMode, pool_config
 from extender.scheduling.inventory import object_name
@@ -166,11 +166,14 @@ class Launcher:
         self.port.record(dict(claim), phase, f"GPUNodeClaim {name} is {phase}{where}")
 
     async def sync_claims(self) -> None:
-        configs = {object_name(p): pool_config(p) for p in self.view.pools.list()}
+        """The claims of Karpenter-mode pools only: a Provisioned pool's claims have no NodeClaim (their VM
+        is the provisioned controller's)."""
+        configs = {object_name(p): c for p in self.view.pools.list()
+                   if (c := pool_config(p)).mode is ProvisioningMode.KARPENTER}
         for claim in self.view.gpunodeclaims.list():
             meta = claim.get("metadata") or {}
-            pool = str((meta.get("labels") or {}).get(POOL_LABEL) or "")
-            if meta.get("deletionTimestamp") or pool not in configs:
+            pool = claim_pool(claim)
+            if meta.get("deletionTimestamp") or pool not in configs or is_provisioned_claim(claim):
                 continue
             name, phase = object_name(claim), claim_phase(claim)
             nodeclaim = self.view.nodeclaims.get(name)
@@ -231,16 +234,4 @@ class Launcher:
                 f"cannot list Karpenter NodeClaims: {self._list_error}"),
         }
         for name in pools:
-            pool = self.view.pools.get(name) or {}
-            conditions = list((pool.get("status") or {}).get("conditions") or [])
-            current = next((c for c in conditions if c.get("type") == CONDITION), None)
-            if current is not None and all(current.get(k) == v for k, v in wanted.items()):
-                continue
-            stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            others = [c for c in conditions if c.get("type") != CONDITION]
-            try:
-                await self.port.patch(GPU_POOLS, name, {"status": {"conditions": [
-                    *others, {**wanted, "lastTransitionTime": stamp}]}}, subresource="status")
-            except Exception as exc:
-                log.warning("pool condition not written", extra={"pool": name, "error": error_message(exc)})
-
+            await write_condition(self.port, self.view.pools.get(name) or {}, name, wanted)

@@ -19,8 +19,10 @@ from extender.controllers.capacity.compactor import Compactor, CompactorMetrics
 from extender.controllers.capacity.config import CapacityConfig
 from extender.controllers.capacity.launcher import Launcher, LauncherMetrics
 from extender.controllers.capacity.port import KubePort, LiveView, ObjectStore, run_caches
+from extender.controllers.capacity.provisioned import ProvisionedLauncher, ProvisionedMetrics
 from extender.kube.events import EventRecorder
 from extender.kube.informer import WatchCache
+from extender.kube.resources import GPU_NODE_CLASSES
 from extender.planning.pool import ProvisioningMode, pool_config
 from extender.scheduling.state import ClusterState, FilterOutcome
 
@@ -36,14 +38,18 @@ class CapacityControllers:
     def __init__(self, config: CapacityConfig, api_client: client.ApiClient, state: ClusterState, *,
                  nodes: ObjectStore, pools: ObjectStore, pods: ObjectStore, recorder: EventRecorder,
                  registry: CollectorRegistry, ready: Callable[[], Awaitable[None]],
-                 leader: Leader | None = None, nodeclaims: WatchCache | None = None) -> None:
+                 leader: Leader | None = None, nodeclaims: WatchCache | None = None,
+                 gpunodes: ObjectStore | None = None) -> None:
         self.config = config
         self.port = KubePort(api_client, recorder)
         self.view = LiveView(config, api_client, state, nodes=nodes, pools=pools, pods=pods, port=self.port,
-                             nodeclaims=nodeclaims)
+                             nodeclaims=nodeclaims, gpunodes=gpunodes)
         self.launcher = Launcher(self.view, self.port, LauncherMetrics(registry))
         self.compactor = Compactor(self.view, self.port, CompactorMetrics(registry),
                                    config.manual_window_seconds)
+        self.node_classes = WatchCache(api_client, GPU_NODE_CLASSES, optional=True, name="gpunodeclasses")
+        self.provisioned = ProvisionedLauncher(config, self.view, self.port, self.node_classes,
+                                               ProvisionedMetrics(registry))
         self.leader: Leader = leader or _ALWAYS
         self._ready = ready
         self._wake: asyncio.Event | None = None
@@ -51,7 +57,7 @@ class CapacityControllers:
 
     @property
     def caches(self) -> Sequence[WatchCache]:
-        return self.view.caches
+        return (*self.view.caches, self.node_classes)
 
     def wake(self) -> None:
         if self._wake is not None:
@@ -64,7 +70,8 @@ class CapacityControllers:
             return
         pool = str(((pod.get("metadata") or {}).get("annotations") or {}).get(GPU_POOL) or "")
         obj = self.view.pools.get(pool) if pool else None
-        if obj is None or pool_config(obj).mode is not ProvisioningMode.KARPENTER:
+        config = pool_config(obj) if obj is not None else None
+        if config is None or not (config.mode is ProvisioningMode.KARPENTER or config.launches_vms):
             return
         now = time.monotonic()
         if now - self._demand_woken >= DEMAND_WAKE_SECONDS:
@@ -74,15 +81,18 @@ class CapacityControllers:
     async def run(self) -> None:
         self._wake = asyncio.Event()
         self.view.set_on_change(self.wake)
-        tasks = await run_caches(self.view.owned_caches)
+        self.node_classes.subscribe(lambda _t, _o: self.wake())
+        tasks = await run_caches((*self.view.owned_caches, self.node_classes))
         try:
             await self._ready()
-            await asyncio.gather(*(c.synced.wait() for c in self.view.caches))
+            await asyncio.gather(*(c.synced.wait() for c in self.caches))
             log.info("capacity controllers started")
             interval = self.config.interval_seconds
             await asyncio.gather(
                 leader_gated_loop("provisioner", self.leader, self.launcher.reconcile, interval, self._wake),
                 leader_gated_loop("compactor", self.leader, self.compactor.reconcile, interval),
+                leader_gated_loop("provisioned", self.leader, self.provisioned.reconcile, interval,
+                                  self._wake),
             )
         finally:
             await cancel_and_wait(tasks)

@@ -20,7 +20,14 @@ from extender.controllers.capacity.config import CapacityConfig
 from extender.kube.client import api_call, error_message, get_or_none, not_found, request_json
 from extender.kube.events import EventRecorder
 from extender.kube.informer import WatchCache
-from extender.kube.resources import GPU_NODE_CLAIMS, NODECLAIMS, Resource, collection_path, object_path
+from extender.kube.resources import (
+    GPU_NODE_CLAIMS,
+    GPU_POOLS,
+    NODECLAIMS,
+    Resource,
+    collection_path,
+    object_path,
+)
 from extender.planning.amounts import CapacityError
 from extender.planning.catalog import CONFIGMAP_KEY, DEFAULT_CATALOG, Catalog, parse_catalog
 from extender.planning.inputs import Inputs
@@ -84,8 +91,10 @@ def node_ref(name: str, node: Mapping[str, Any] | None) -> dict[str, Any]:
 class LiveView:
     def __init__(self, config: CapacityConfig, api_client: client.ApiClient, state: ClusterState, *,
                  nodes: ObjectStore, pools: ObjectStore, pods: ObjectStore, port: KubePort,
-                 on_change: Callable[[], None] | None = None, nodeclaims: WatchCache | None = None) -> None:
+                 on_change: Callable[[], None] | None = None, nodeclaims: WatchCache | None = None,
+                 gpunodes: ObjectStore | None = None) -> None:
         self.config = config
+        self.gpunodes = gpunodes  # the process's GPUNode cache, when GPUNodes are watched
         self.state = state
         self.nodes = nodes
         self.pools = pools
@@ -198,12 +207,33 @@ class LiveView:
         inputs = Inputs(
             now=now, state=self.state, pools=self.pools.list(),
             nodes={object_name(n): n for n in self.nodes.list()}, gpunodeclaims=self.gpunodeclaim_list(),
+            gpunodes={object_name(g): g for g in self.gpunodes.list()} if self.gpunodes is not None else {},
             nodeclaims=self.nodeclaims.list(), pods=self.pods.list(), node_classes=node_classes,
             catalog=catalog, protection_seconds=self.config.protection_seconds, leaving=leaving,
         )
         if due is not None:
             inputs.compaction_due = due
         return inputs
+
+
+async def write_condition(port: KubePort, pool: Mapping[str, Any], name: str,
+                          wanted: Mapping[str, str]) -> None:
+    """Set one condition of a GPUPool's status (type, status, reason, message), keeping the others; nothing
+    is written when it already reads so, and the transition time changes only with the status."""
+    conditions = list((pool.get("status") or {}).get("conditions") or [])
+    current = next((c for c in conditions if c.get("type") == wanted["type"]), None)
+    if current is not None and all(current.get(k) == v for k, v in wanted.items()):
+        return
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if current is not None and current.get("status") == wanted["status"] and \
+            current.get("lastTransitionTime"):
+        stamp = str(current["lastTransitionTime"])
+    others = [c for c in conditions if c.get("type") != wanted["type"]]
+    try:
+        await port.patch(GPU_POOLS, name, {"status": {"conditions": [
+            *others, {**wanted, "lastTransitionTime": stamp}]}}, subresource="status")
+    except Exception as exc:
+        log.warning("pool condition not written", extra={"pool": name, "error": error_message(exc)})
 
 
 async def run_caches(caches: Sequence[WatchCache]) -> list[asyncio.Task[None]]:

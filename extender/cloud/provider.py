@@ -1,0 +1,100 @@
+"""What every cloud provider offers the Provisioned-mode lifecycle, and the errors it raises.
+
+A provider is async and idempotent by claim name: ``create`` sends the claim's name as the cloud's client
+token and first looks for an instance tagged with it, so a retry (or a restarted extender) never buys a
+second VM for one GPUNodeClaim. ``terminate`` of an instance that no longer exists is done, not an error.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from extender.cloud.nodeclass import NodeClass
+
+# The states in which an instance will never become (or stay) a node.
+GONE_STATES = frozenset({"shutting-down", "terminated", "Stopping", "Stopped", "Deleted"})
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """One VM for one GPUNodeClaim."""
+
+    claim: str
+    pool: str
+    cluster: str
+    instance_type: str
+    capacity_type: str  # on-demand | spot | reserved
+    zone: str  # "" when the offering leaves it open
+    region: str
+    node_class: NodeClass
+    extra: Mapping[str, str] = field(default_factory=dict)  # GPUNodeClaim.spec.extraParams
+
+
+@dataclass(frozen=True)
+class Instance:
+    id: str
+    state: str
+    claim: str = ""  # from its tag; "" when untagged
+    zone: str = ""
+    launched: dt.datetime | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def gone(self) -> bool:
+        return self.state in GONE_STATES
+
+
+class CloudError(Exception):
+    """An error the cloud answered, with its own code and message."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}" if code else message)
+        self.code = code
+        self.message = message
+
+
+class CapacityUnavailable(CloudError):
+    """The offering (type, capacity type, zone) cannot be had now: insufficient capacity, no spot, a
+    quota. The lifecycle moves on to the next offering."""
+
+
+class InvalidRequest(CloudError):
+    """The request is wrong (an image, subnet or group that does not exist, a bad value): retrying the
+    same GPUNodeClass will not help, so the pool's condition says so and nothing is launched."""
+
+
+class AuthFailure(CloudError):
+    """The credentials are missing, wrong or not allowed: no launches until they change."""
+
+
+class Provider(Protocol):
+    vendor: str
+
+    async def test_connection(self) -> None:
+        """Raise ``CloudError`` when the API cannot be called with these credentials."""
+
+    def request_of(self, request: LaunchRequest, resolved: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The exact create request the cloud is sent (``resolved``: ids looked up by tag)."""
+
+    async def resolve(self, request: LaunchRequest) -> dict[str, Any]:
+        """Look up what the GPUNodeClass names by tag or name (image, subnet, security groups)."""
+
+    async def create(self, request: LaunchRequest) -> Instance:
+        """The claim's instance: the one tagged with its name, else a new one (client token = claim)."""
+
+    async def find(self, claim: str) -> Instance | None:
+        """The live instance tagged with the claim's name."""
+
+    async def describe(self, instance_id: str) -> Instance | None:
+        """None when the cloud no longer knows it."""
+
+    async def list_managed(self, cluster: str) -> list[Instance]:
+        """Every live instance tagged for this cluster (the orphan sweep's input)."""
+
+    async def terminate(self, instance_id: str) -> None:
+        """Terminate; an instance that does not exist is done."""
+
+    async def close(self) -> None: ...

@@ -1,0 +1,35 @@
+"""Settings of the TensorFusionCluster controller as serve flags."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+DEFAULT_INTERVAL = 30.0
+
+
+@dataclass(frozen=True)
+class TFClusterConfig:
+    enabled: bool = True
+    interval_seconds: float = DEFAULT_INTERVAL
+
+    def __post_init__(self) -> None:
+        if self.interval_seconds <= 0:
+            raise ValueError(f"--tensorfusion-cluster-interval must be positive, got {self.interval_seconds}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("TensorFusionCluster controller (GPUPools from spec.gpuPools)")
+    group.add_argument("--tensorfusion-clusters", dest="tfcluster_enabled",
+                       action=argparse.BooleanOptionalAction, default=True,
+                       help="derive, update and delete each TensorFusionCluster's GPUPools and write its "
+                            "status (default on; the leader only; off when TensorFusion's own controller "
+                            "runs)")
+    group.add_argument("--tensorfusion-cluster-interval", type=float, default=DEFAULT_INTERVAL,
+                       metavar="SECONDS",
+                       help="reconcile every TensorFusionCluster this often at the latest (default 30)")
+
+
+def from_args(args: argparse.Namespace) -> TFClusterConfig:
+    return TFClusterConfig(enabled=bool(args.tfcluster_enabled),
+                           interval_seconds=float(args.tensorfusion_cluster_interval))

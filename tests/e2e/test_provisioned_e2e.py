@@ -1,0 +1,514 @@
+"""Provisioned mode against a real EC2 emulator: the extender buys VMs through the EC2 API itself.
+
+The real kube-apiserver, kube-scheduler, kwok, tf-webhook and tf-extender run as in every module; the cloud
+is moto's EC2 server on loopback (tests/harness/cloud.py) behind a proxy that answers chosen RunInstances
+with ``InsufficientInstanceCapacity``. The extender's client is aiobotocore speaking signed HTTP to it.
+
+``CloudInit`` stands in for what a real VM does at boot, since moto's instances run nothing: for every
+running instance tagged for this cluster it reads the user data through DescribeInstanceAttribute, and
+when the script passes ``--node-labels`` to the kubelet it creates the kwok Node with those labels plus the
+GPU discovery labels GPU Feature Discovery would write for the instance type. A user data without the
+node-provisioner label gives a VM whose Node never joins, as on a real cloud.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import re
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from tests import harness as cpl
+from tests.harness import cloud
+
+pytestmark = pytest.mark.e2e
+
+CLUSTER = "e2e-provisioned"
+POOL_LABEL = "tensor-fusion.ai/gpupool"
+PROVISIONER = "tensor-fusion.ai/node-provisioner"
+CLAIM_TAG = "tensor-fusion.ai/node-name"
+CLUSTER_TAG = "tensor-fusion.ai/cluster"
+JOIN_TIMEOUT = 25
+ORPHAN_GRACE = 6
+PROTECTION = 5
+# What GPU Feature Discovery would label a node of these instance types with.
+GFD = {"g5.xlarge": ("A10G", 1, 24576), "g6.xlarge": ("L4", 1, 24576)}
+USER_DATA = (
+    "#!/bin/bash\n/etc/eks/bootstrap.sh e2e --kubelet-extra-args "
+    "'--node-labels=tensor-fusion.ai/node-provisioner=__GPU_NODE_RESOURCE_NAME__,team=ml'\n"
+)
+NO_LABEL_USER_DATA = "#!/bin/bash\n/etc/eks/bootstrap.sh e2e\n"
+
+
+class CloudInit:
+    """Plays each VM's boot: its user data's ``--node-labels`` become a kwok Node (see the module doc)."""
+
+    def __init__(self, api_client: Any, endpoint: str) -> None:
+        self.core = client.CoreV1Api(api_client)
+        self.ec2 = cloud.boto_client(endpoint)
+        self.booted: dict[str, str] = {}  # instance id -> node name ("" when its user data joins no node)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            with contextlib.suppress(Exception):
+                self._boot_new()
+
+    def _boot_new(self) -> None:
+        pages = self.ec2.describe_instances(
+            Filters=[
+                {"Name": f"tag:{CLUSTER_TAG}", "Values": [CLUSTER]},
+                {"Name": "instance-state-name", "Values": ["running"]},
+            ]
+        )
+        for instance in [i for r in pages["Reservations"] for i in r["Instances"]]:
+            iid = instance["InstanceId"]
+            if iid in self.booted:
+                continue
+            raw = self.ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")
+            script = base64.b64decode((raw.get("UserData") or {}).get("Value") or "").decode()
+            match = re.search(r"--node-labels=([^'\s]+)", script)
+            if not match:
+                self.booted[iid] = ""
+                continue
+            labels = dict(item.split("=", 1) for item in match.group(1).split(","))
+            model, count, memory = GFD[instance["InstanceType"]]
+            labels.update(
+                {
+                    "nvidia.com/gpu.product": model,
+                    "nvidia.com/gpu.count": str(count),
+                    "nvidia.com/gpu.memory": str(memory),
+                    "topology.kubernetes.io/zone": instance["Placement"]["AvailabilityZone"],
+                    "node.kubernetes.io/instance-type": instance["InstanceType"],
+                }
+            )
+            name = f"ip-{iid[2:14]}"
+            body = cpl.node_body(name, labels=labels)
+            body["spec"] = {
+                **body.get("spec", {}),
+                "providerID": f"aws:///{instance['Placement']['AvailabilityZone']}/{iid}",
+            }
+            self.core.create_node(body)
+            self.booted[iid] = name
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def ec2() -> Iterator[tuple[cloud.MotoServer, cloud.CapacityProxy, cloud.EC2World]]:
+    with cloud.ec2_cloud() as (moto, proxy):
+        yield moto, proxy, cloud.seed(proxy.url)
+
+
+@pytest.fixture(scope="module")
+def vendor_file(ec2: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    _, proxy, _ = ec2
+    folder = tmp_path_factory.mktemp("cloud-credentials")
+    (folder / "ak").write_text(cloud.ACCESS_KEY)
+    (folder / "sk").write_text(cloud.SECRET_KEY)
+    path = folder / "computing-vendor.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "type": "aws",
+                "authType": "accessKey",
+                "params": {
+                    "defaultRegion": cloud.REGION,
+                    "accessKeyPath": str(folder / "ak"),
+                    "secretKeyPath": str(folder / "sk"),
+                    "extraParams": {"endpoint": proxy.url},
+                },
+            }
+        )
+    )
+    return str(path)
+
+
+@pytest.fixture
+def provisioned(
+    cluster: Any,
+    webhook: Any,
+    extender_runner: cpl.ExtenderRunner,
+    vendor_file: str,
+    api_client: Any,
+    ec2: Any,
+) -> Iterator[CloudInit]:
+    extender_runner.ensure(
+        capacity_interval=1,
+        node_protection_time=PROTECTION,
+        computing_vendor=vendor_file,
+        cluster_name=CLUSTER,
+        node_join_timeout=JOIN_TIMEOUT,
+        orphan_grace=ORPHAN_GRACE,
+        capacity_error_backoff=120,
+    )
+    boot = CloudInit(api_client, ec2[1].url)
+    yield boot
+    boot.stop()
+
+
+def node_class_body(name: str, world: cloud.EC2World, **spec: Any) -> dict[str, Any]:
+    base = {
+        "osImageSelectorTerms": [{"tags": {"tf-e2e/role": "gpu"}}],
+        "subnetSelectorTerms": [{"tags": {"tf-e2e/role": "gpu"}}],
+        "securityGroupSelectorTerms": [{"id": world.security_group}],
+        "instanceProfile": cloud.INSTANCE_PROFILE,
+        "tags": {"team": "ml"},
+        "userData": USER_DATA,
+    }
+    base.update(spec)
+    return {
+        "apiVersion": f"{cpl.TF_GROUP}/{cpl.TF_VERSION}",
+        "kind": "GPUNodeClass",
+        "metadata": {"name": name},
+        "spec": base,
+    }
+
+
+@pytest.fixture
+def make_pool(api_client: Any, webhook: Any, ec2: Any) -> Iterator[Callable[..., str]]:
+    """make_pool(min_tflops, types=, zones=, node_class=) -> a Provisioned GPUPool with its own GPUNodeClass;
+    at teardown the pool goes, then its claims (whose finalizers terminate the VMs) and nodes."""
+    custom = client.CustomObjectsApi(api_client)
+    core = client.CoreV1Api(api_client)
+    made: list[str] = []
+
+    def factory(
+        min_tflops: int = 1,
+        *,
+        types: tuple[str, ...] = ("g5.xlarge",),
+        zones: tuple[str, ...] = ("us-east-1a",),
+        node_class: dict[str, Any] | None = None,
+        create_class: bool = True,
+    ) -> str:
+        name = f"prov-{uuid.uuid4().hex[:6]}"
+        if create_class:
+            body = node_class if node_class is not None else node_class_body(name, ec2[2])
+            body["metadata"]["name"] = name  # each pool its own class, named after it
+            cpl.create_cluster_object(api_client, "gpunodeclasses", body)
+        requirements = [
+            {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": list(types)},
+            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": list(zones)},
+        ]
+        cpl.create_cluster_object(
+            api_client,
+            "gpupools",
+            {
+                "apiVersion": f"{cpl.TF_GROUP}/{cpl.TF_VERSION}",
+                "kind": "GPUPool",
+                "metadata": {"name": name},
+                "spec": {
+                    "capacityConfig": {"minResources": {"tflops": str(min_tflops)}},
+                    "nodeManagerConfig": {
+                        "provisioningMode": "Provisioned",
+                        "nodeCompaction": {"period": "5s"},
+                        "nodeProvisioner": {
+                            "nodeClass": name,
+                            "gpuRequirements": requirements,
+                            "gpuNodeLabels": {"team": "ml"},
+                        },
+                    },
+                },
+            },
+        )
+        made.append(name)
+        cpl.wait_for_webhook_pool(api_client, name)
+        return name
+
+    yield factory
+    for name in made:
+        with contextlib.suppress(ApiException):
+            custom.delete_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "gpupools", name)
+        for claim in claims_of(api_client, name):
+            with contextlib.suppress(ApiException):
+                custom.delete_cluster_custom_object(
+                    cpl.TF_GROUP, cpl.TF_VERSION, "gpunodeclaims", claim["metadata"]["name"]
+                )
+        with contextlib.suppress(TimeoutError):
+            cpl.wait_until(
+                lambda n=name: not claims_of(api_client, n),
+                60,
+                interval=1,
+                what=f"the claims of {name} gone (their VMs terminated)",
+            )
+        for claim in claims_of(api_client, name):  # the extender could not finish: let them go
+            with contextlib.suppress(ApiException):
+                custom.patch_cluster_custom_object(
+                    cpl.TF_GROUP,
+                    cpl.TF_VERSION,
+                    "gpunodeclaims",
+                    claim["metadata"]["name"],
+                    {"metadata": {"finalizers": None}},
+                )
+        for node in core.list_node(label_selector=f"{POOL_LABEL}={name}").items:
+            with contextlib.suppress(ApiException):
+                core.delete_node(node.metadata.name)
+        with contextlib.suppress(ApiException):
+            custom.delete_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "gpunodeclasses", name)
+
+
+def claims_of(api_client: Any, pool: str) -> list[dict[str, Any]]:
+    return client.CustomObjectsApi(api_client).list_cluster_custom_object(
+        cpl.TF_GROUP, cpl.TF_VERSION, "gpunodeclaims", label_selector=f"{POOL_LABEL}={pool}"
+    )["items"]
+
+
+def instances(proxy: cloud.CapacityProxy, **tags: str) -> list[dict[str, Any]]:
+    filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in tags.items()]
+    answer = cloud.boto_client(proxy.url).describe_instances(Filters=filters)
+    return [i for r in answer["Reservations"] for i in r["Instances"]]
+
+
+def live(proxy: cloud.CapacityProxy, **tags: str) -> list[dict[str, Any]]:
+    return [i for i in instances(proxy, **tags) if i["State"]["Name"] in ("pending", "running")]
+
+
+def condition(api_client: Any, pool: str) -> dict[str, Any] | None:
+    obj = client.CustomObjectsApi(api_client).get_cluster_custom_object(
+        cpl.TF_GROUP, cpl.TF_VERSION, "gpupools", pool
+    )
+    return next(
+        (c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == "NodeProvisionerReady"),
+        None,
+    )
+
+
+def events(api_client: Any, kind: str, name: str, reason: str) -> list[Any]:
+    return [
+        e
+        for e in client.CoreV1Api(api_client)
+        .list_namespaced_event(
+            "default", field_selector=f"involvedObject.kind={kind},involvedObject.name={name}"
+        )
+        .items
+        if e.reason == reason
+    ]
+
+
+def test_min_capacity_is_bought_through_ec2_skipping_a_refused_offering_then_bound_and_compacted(
+    provisioned: CloudInit, make_pool: Callable[..., str], api_client: Any, ec2: Any
+) -> None:
+    _, proxy, world = ec2
+    proxy.refuse.add(("g6.xlarge", "us-east-1a"))  # the cheapest offering: no capacity
+    try:
+        pool = make_pool(1, types=("g5.xlarge", "g6.xlarge"), zones=("us-east-1a",))
+        bound = cpl.wait_until(
+            lambda: (
+                [c for c in claims_of(api_client, pool) if (c.get("status") or {}).get("phase") == "Bound"]
+                or None
+            ),
+            90,
+            interval=1,
+            what="a Bound GPUNodeClaim",
+        )
+    finally:
+        proxy.refuse.clear()
+    assert ("g6.xlarge", "us-east-1a") in proxy.refused
+    assert cpl.wait_until(lambda: events(api_client, "GPUPool", pool, "InsufficientCapacity"), 30)
+    claim = bound[0]
+    name, instance_id = claim["metadata"]["name"], claim["status"]["instanceID"]
+    assert (
+        claim["spec"]["instanceType"] == "g5.xlarge"
+        and claim["spec"]["nodeClassRef"]["kind"] == "GPUNodeClass"
+    )
+    assert "tensor-fusion.ai/provisioned-node" in claim["metadata"]["finalizers"]
+    mine = live(proxy, **{CLAIM_TAG: name})
+    assert [i["InstanceId"] for i in mine] == [instance_id], "one VM per claim"
+    raw = mine[0]
+    assert raw["ImageId"] == world.image and raw["InstanceType"] == "g5.xlarge"
+    assert (
+        raw["SubnetId"] == world.subnets["us-east-1a"]
+        and raw["Placement"]["AvailabilityZone"] == "us-east-1a"
+    )
+    assert [g["GroupId"] for g in raw["SecurityGroups"]] == [world.security_group]
+    tags = {t["Key"]: t["Value"] for t in raw["Tags"]}
+    assert tags[CLUSTER_TAG] == CLUSTER and tags[POOL_LABEL] == pool and tags["team"] == "ml"
+    user_data = cloud.boto_client(proxy.url).describe_instance_attribute(
+        InstanceId=instance_id, Attribute="userData"
+    )
+    assert f"{PROVISIONER}={name}," in base64.b64decode(user_data["UserData"]["Value"]).decode()
+    node = client.CoreV1Api(api_client).read_node(claim["spec"]["nodeName"])
+    assert node.metadata.labels[POOL_LABEL] == pool, "the extender labels the joined node with its pool"
+    cond = cpl.wait_until(lambda: (c := condition(api_client, pool)) and c["status"] == "True" and c, 30)
+    assert "connected" in cond["message"]
+
+    # compaction: the pool no longer needs the node; the claim goes, its finalizer terminates the VM and
+    # deletes the Node
+    client.CustomObjectsApi(api_client).patch_cluster_custom_object(
+        cpl.TF_GROUP, cpl.TF_VERSION, "gpupools", pool, {"spec": {"capacityConfig": {"minResources": None}}}
+    )
+    cpl.wait_until(lambda: not claims_of(api_client, pool), 90, interval=1, what="the claim released")
+    assert not live(proxy, **{CLAIM_TAG: name}), "the VM is terminated"
+    with pytest.raises(ApiException):
+        client.CoreV1Api(api_client).read_node(claim["spec"]["nodeName"])
+
+
+def test_a_claim_left_pending_by_a_killed_extender_adopts_its_vm_instead_of_buying_another(
+    provisioned: CloudInit,
+    make_pool: Callable[..., str],
+    api_client: Any,
+    ec2: Any,
+    extender_runner: cpl.ExtenderRunner,
+) -> None:
+    """What an extender killed between RunInstances and the status write leaves: a Pending GPUNodeClaim
+    without an instance id, and a VM tagged with the claim's name. The restarted extender finds the VM by
+    its tag and records it; no second VM is bought."""
+    _, proxy, world = ec2
+    pool = make_pool(1)
+    first = cpl.wait_until(
+        lambda: (
+            [c for c in claims_of(api_client, pool) if (c.get("status") or {}).get("phase") == "Bound"]
+            or None
+        ),
+        90,
+        interval=1,
+    )
+    claim = first[0]
+    name = claim["metadata"]["name"]
+    before = {i["InstanceId"] for i in live(proxy, **{CLUSTER_TAG: CLUSTER, POOL_LABEL: pool})}
+    # the extender dies; its last write (Creating, the instance id) never happened
+    extender_runner.kill()
+    client.CustomObjectsApi(api_client).patch_cluster_custom_object_status(
+        cpl.TF_GROUP,
+        cpl.TF_VERSION,
+        "gpunodeclaims",
+        name,
+        {"status": {"phase": "Pending", "instanceID": None}},
+    )
+    extender_runner.restart()
+    cpl.wait_until(
+        lambda: (
+            (c := next((x for x in claims_of(api_client, pool) if x["metadata"]["name"] == name), None))
+            and (c.get("status") or {}).get("instanceID") in before
+            and c["status"]["phase"] == "Bound"
+        ),
+        60,
+        interval=1,
+        what="the claim adopted its VM",
+    )
+    after = {i["InstanceId"] for i in live(proxy, **{CLUSTER_TAG: CLUSTER, POOL_LABEL: pool})}
+    assert after == before, f"no second VM: {before} -> {after}"
+    assert len(claims_of(api_client, pool)) == 1, (
+        "pending capacity recovered from the claims: nothing more bought"
+    )
+    assert world.image
+
+
+def test_a_vm_whose_node_never_joins_is_terminated_after_the_join_timeout(
+    provisioned: CloudInit, make_pool: Callable[..., str], api_client: Any, ec2: Any
+) -> None:
+    _, proxy, world = ec2
+    pool = make_pool(1, node_class=node_class_body("", world, userData=NO_LABEL_USER_DATA))
+    first = cpl.wait_until(
+        lambda: [c for c in claims_of(api_client, pool) if (c.get("status") or {}).get("instanceID")] or None,
+        60,
+        interval=1,
+    )
+    claim_name, instance_id = first[0]["metadata"]["name"], first[0]["status"]["instanceID"]
+    cpl.wait_until(
+        lambda: events(api_client, "GPUNodeClaim", claim_name, "NodeNotJoined"),
+        JOIN_TIMEOUT + 60,
+        interval=1,
+        what="NodeNotJoined",
+    )
+    cpl.wait_until(
+        lambda: claim_name not in {c["metadata"]["name"] for c in claims_of(api_client, pool)},
+        60,
+        interval=1,
+        what="the claim deleted",
+    )
+    state = [i["State"]["Name"] for i in instances(proxy, **{CLAIM_TAG: claim_name})]
+    assert instance_id and state and all(s in ("shutting-down", "terminated") for s in state), state
+
+
+def test_a_vm_tagged_for_the_cluster_that_no_claim_owns_is_terminated_after_the_grace(
+    provisioned: CloudInit, api_client: Any, ec2: Any
+) -> None:
+    _, proxy, world = ec2
+    ec2_client = cloud.boto_client(proxy.url)
+    ghost = ec2_client.run_instances(
+        ImageId=world.image,
+        InstanceType="g5.xlarge",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[
+            {
+                "ResourceType": "instance",
+                "Tags": [{"Key": CLUSTER_TAG, "Value": CLUSTER}, {"Key": CLAIM_TAG, "Value": "ghost-000000"}],
+            }
+        ],
+    )["Instances"][0]
+    other = ec2_client.run_instances(
+        ImageId=world.image,
+        InstanceType="g5.xlarge",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": CLUSTER_TAG, "Value": "another-cluster"}]}
+        ],
+    )["Instances"][0]
+    cpl.wait_until(
+        lambda: not live(proxy, **{CLAIM_TAG: "ghost-000000"}),
+        ORPHAN_GRACE + 90,
+        interval=1,
+        what="the orphan terminated",
+    )
+    assert live(proxy, **{CLUSTER_TAG: "another-cluster"}), "a VM of another cluster is never touched"
+    assert ghost["InstanceId"] != other["InstanceId"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason", "field"),
+    [
+        ({"osImageSelectorTerms": None}, "InvalidNodeClass", "spec.osImageSelectorTerms"),
+        (
+            {"osImageSelectorTerms": [{"id": "ami-0000000000000dead"}]},
+            "LaunchFailed",
+            "ami-0000000000000dead",
+        ),
+    ],
+)
+def test_a_bad_node_class_gives_a_condition_naming_the_field_and_no_vm(
+    provisioned: CloudInit,
+    make_pool: Callable[..., str],
+    api_client: Any,
+    ec2: Any,
+    spec: dict[str, Any],
+    reason: str,
+    field: str,
+) -> None:
+    _, proxy, world = ec2
+    body = node_class_body("", world, **spec)
+    body["spec"] = {k: v for k, v in body["spec"].items() if v is not None}
+    pool = make_pool(1, node_class=body)
+    cond = cpl.wait_until(
+        lambda: (c := condition(api_client, pool)) and c["status"] == "False" and c["reason"] == reason and c,
+        60,
+        interval=1,
+        what=f"condition {reason}",
+    )
+    assert field in cond["message"]
+    assert not live(proxy, **{POOL_LABEL: pool}), "no VM for a bad class"
+
+
+def test_a_pool_whose_node_class_does_not_exist_says_so(
+    provisioned: CloudInit, make_pool: Callable[..., str], api_client: Any
+) -> None:
+    pool = make_pool(1, create_class=False)
+    cond = cpl.wait_until(
+        lambda: (c := condition(api_client, pool)) and c["status"] == "False" and c, 60, interval=1
+    )
+    assert cond["reason"] == "NodeClassNotFound" and pool in cond["message"]
+    assert not claims_of(api_client, pool)
