@@ -666,7 +666,8 @@ FIXED_BY_THE_CHART = {"--port", "--bind-address", "--metrics-port", "--metrics-b
                       "--kubeconfig", "--cert-dir", "--catalog", "--autoscale-usage-file", "--config",
                       # TensorFusionCluster and GPUNode controllers: off when TensorFusion's own API is served
                       "--tensorfusion-clusters", "--tensorfusion-cluster-interval", "--gpu-nodes",
-                      "--gpu-node-interval"}
+                      "--gpu-node-interval",
+                      "--computing-vendor"}  # a file; in-cluster: the TensorFusionCluster
 EVERY_EXTENDER_VALUE = {
     "extender.inventorySource": "gpu-objects", "extender.maxPodsPerNode": "32",
     "extender.bindDeadline": "40s",
@@ -681,6 +682,8 @@ EVERY_EXTENDER_VALUE = {
     "capacity.interval": "30s", "capacity.nodeProtectionTime": "1h",
     "capacity.catalogConfigMap": "ns/catalog",
     "autoscale.enabled": "true", "autoscale.interval": "1m", "autoscale.cronTimeZone": "Europe/Paris",
+    "capacity.clusterName": "prod", "capacity.nodeJoinTimeout": "20m", "capacity.orphanGrace": "1h",
+    "capacity.capacityErrorBackoff": "2m",
 }
 
 
@@ -712,6 +715,8 @@ def test_every_serve_option_is_a_value_and_reaches_the_command_line(helm):
             args.catalog_configmap) == (False, 30.0, 3600.0, "ns/catalog")
     assert (args.autoscale, args.autoscale_interval, args.autoscale_cron_time_zone) == (
         True, 60.0, "Europe/Paris")
+    assert (args.cluster_name, args.node_join_timeout, args.orphan_grace, args.capacity_error_backoff) == (
+        "prod", 1200.0, 3600.0, 120.0)
     web = _parse(webhook_cli.build_parser(),
                  _container(objs, "Deployment", "tensor-fusion-webhook", "webhook")["command"])
     assert (web.cert_reload_interval, web.karpenter_do_not_disrupt, web.log_level, web.request_timeout,
