@@ -39,7 +39,8 @@ typecheck: venv
 unit: venv
 	$(BIN)/pytest -m "not e2e" $(XDIST) $(PYTEST_ARGS)
 
-## make docs: regenerate docs/reference/flags.md and metrics.md from the parsers and metric registries
+## make docs: regenerate docs/reference/flags.md and metrics.md from the parsers and metric registries, and the
+## chart's README.md and values.schema.json from its values.yaml
 docs: venv
 	$(BIN)/python -m tools.docgen
 

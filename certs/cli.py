@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument(
         "--ca-days", type=int, default=authority.DEFAULT_CA_DAYS, metavar="N", help="validity of a new CA"
     )
-    generate.add_argument("--regenerate-ca", action="store_true", help="replace an existing CA")
+    generate.add_argument("--regenerate-ca", action=argparse.BooleanOptionalAction, default=False,
+                          help="replace an existing CA")
     generate.add_argument("--client-cn", metavar="CN", help="also issue a client certificate for this user")
     generate.add_argument(
         "--client-org", action="append", default=[], metavar="ORG", help="client group (repeatable)"

@@ -11,6 +11,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from extender.common import eventloop
+from extender.common.options import (
+    add_config_argument,
+    duration,
+    parse_with_sources,
+    subcommand,
+    take_deprecations,
+)
 from extender.common.version import version_line
 from extender.controllers import gpustatus, nudge, preemptor
 from extender.controllers.autoscale import config as workload_autoscale
@@ -26,6 +33,10 @@ if TYPE_CHECKING:
     from extender.service import ExtenderService, Settings
 
 log = logging.getLogger(__name__)
+
+# Every ``serve`` option can also come from TF_EXTENDER_<FLAG> (TF_EXTENDER_BIND_DEADLINE=30s) or from
+# ``--config FILE`` (extender/common/options.py).
+ENV_PREFIX = "TF_EXTENDER"
 
 
 # The option groups of ``tf-extender serve`` beyond the process's own (below), each declared by the
@@ -66,9 +77,10 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                             "auto: GPU objects where a node has them, labels elsewhere (default auto)")
     serve.add_argument("--max-pods-per-node", type=_positive, default=256,
                        help="at most this many GPU pods per node (default 256)")
-    serve.add_argument("--bind-deadline", type=_positive_seconds, default=55.0,
-                       help="answer a bind within this many seconds, even while its outcome is still being "
-                            "found out; keep it below the scheduler's extender httpTimeout (default 55)")
+    serve.add_argument("--bind-deadline", type=duration("--bind-deadline", positive=True), default=55.0,
+                       metavar="DURATION",
+                       help="answer a bind within this time, even while its outcome is still being found "
+                            "out; keep it below the scheduler's extender httpTimeout (default 55s)")
     serve.add_argument("--filter-first-choice", action=argparse.BooleanOptionalAction, default=True,
                        help="filter answers only the node the extender would score highest, so "
                             "kube-scheduler skips prioritize (one extender call per pod instead of two); "
@@ -77,6 +89,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     for add_arguments in CONTROLLER_OPTIONS:
         add_arguments(serve)
+    add_config_argument(serve, ENV_PREFIX)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,8 +124,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    return subcommand(parser, "serve")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parse_with_sources(parser, serve_parser(parser) if argv[:1] == ["serve"] else None, argv,
+                              ENV_PREFIX)
     if args.command == "simulate":
         if getattr(args, "simulate_missing", False):
             print("tf-extender: the simulator is not installed", file=sys.stderr)
@@ -142,6 +162,8 @@ def serve(args: argparse.Namespace) -> int:
     from extender.service import ExtenderService
 
     setup_logging(args.log_level)
+    for line in take_deprecations():
+        log.warning(line)
     try:
         api_client = load_api_client(args.kubeconfig)
     except KubeConfigError as exc:
@@ -188,12 +210,3 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
     return value
 
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
-    return value

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +19,8 @@ from extender.autoscaling.usage import StaticUsageSource
 from extender.cloud.nodeclass import parse_node_class
 from extender.cloud.provider import LaunchRequest
 from extender.cloud.vendor import parse_vendor
+from extender.common.options import duration
+from extender.common.output import add_output_argument, json_lines, table, yaml_document
 from extender.common.progress import Progress
 from extender.common.timefmt import parse_time
 from extender.common.yamlio import YAMLFileError
@@ -78,7 +79,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instance types over the built-in catalog (a file or a ConfigMap manifest)")
     parser.add_argument("--now", metavar="RFC3339", default=None,
                         help="the time to plan at, for node ages (default: now)")
-    parser.add_argument("--defrag", action="store_true",
+    parser.add_argument("--defrag", action=argparse.BooleanOptionalAction, default=False,
                         help="also plan defragmentation: the evictions a run would make now in pools that "
                              "enable it, and the candidate nodes it would leave as they are")
     parser.add_argument("--computing-vendor", metavar="FILE.yaml", default=None,
@@ -87,7 +88,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster-name", default=DEFAULT_CLUSTER_NAME,
                         help="Provisioned pools: the cluster tag of the VMs "
                              f"(default {DEFAULT_CLUSTER_NAME})")
-    parser.add_argument("--autoscale", action="store_true",
+    parser.add_argument("--autoscale", action=argparse.BooleanOptionalAction, default=False,
                         help="also print each GPU workload's autoscaling recommendation and what a resize of "
                              "each of its workers would do (usage from --samples or --prometheus)")
     parser.add_argument("--samples", metavar="SAMPLES.json", default=None,
@@ -103,9 +104,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                              "historyDataPeriod)")
     parser.add_argument("--cron-time-zone", default="UTC",
                         help="IANA time zone of cronScalingRules without CRON_TZ= (default UTC)")
-    parser.add_argument("--protection-time", type=float, default=DEFAULT_PROTECTION_SECONDS,
-                        metavar="SECONDS",
-                        help="empty nodes younger than this are never released (default 300)")
+    parser.add_argument("--protection-time", type=duration("--protection-time"),
+                        default=DEFAULT_PROTECTION_SECONDS, metavar="DURATION",
+                        help="empty nodes younger than this are never released (default 5m)")
+    add_output_argument(parser, "json", "one JSON object per action and line, for jq")
 
 
 def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = None) -> int:
@@ -142,22 +144,37 @@ def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = Non
                 return 2
         classes = {object_name(o): o for o in objects if _kind(o) == "GPUNodeClass"}
         progress.begin("planning")
-        lines = []
+        rows = []
         for action in plan(inputs, planners):
             line = action.as_json()
             if action.action == "launch" and action.payload.config.launches_vms:
                 line["cloudRequest"] = cloud_request(action.payload, classes, vendor_raw,
                                                      getattr(args, "cluster_name", DEFAULT_CLUSTER_NAME))
-            lines.append(json.dumps(line, default=str) + "\n")
-        sys.stdout.write("".join(lines))
-        sys.stdout.flush()
+            rows.append(line)
+        entries: list[dict[str, Any]] = []
+        found: list[dict[str, Any]] | None = []
         if getattr(args, "autoscale", False):
-            return _plan_autoscale(args, inputs.state, objects, now)
-    return 0
+            found = _plan_autoscale(args, inputs.state, objects, now)
+            entries = found or []
+        _write(args.output, rows, entries)
+    return 2 if found is None else 0
+
+
+def _write(output: str, rows: list[dict[str, Any]], entries: list[dict[str, Any]]) -> None:
+    if output == "table":
+        sys.stdout.write(table(rows, ("action", "pool", "node", "reason")))
+        if entries:
+            sys.stdout.write("\n" + table(entries, ("action", "namespace", "workload", "workers", "samples")))
+    elif output == "yaml":
+        sys.stdout.write(yaml_document(rows + entries))
+    else:
+        sys.stdout.write(json_lines(rows + entries))
+    sys.stdout.flush()
 
 
 def _plan_autoscale(args: argparse.Namespace, state: ClusterState, objects: Sequence[dict[str, Any]],
-                    now: dt.datetime) -> int:
+                    now: dt.datetime) -> list[dict[str, Any]] | None:
+    """The autoscaling entries, or None after a usage error was printed."""
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
     from extender.controllers.autoscale.plan import plan_autoscale
@@ -169,25 +186,23 @@ def _plan_autoscale(args: argparse.Namespace, state: ClusterState, objects: Sequ
     except (ZoneInfoNotFoundError, ValueError):
         print(f"tf-extender plan: --cron-time-zone {args.cron_time_zone!r} is not an IANA time zone",
               file=sys.stderr)
-        return 2
+        return None
     if getattr(args, "prometheus", None):
         if args.samples:
             print("tf-extender plan: --samples and --prometheus: give one usage source", file=sys.stderr)
-            return 2
+            return None
         try:
             samples = _read_prometheus(args, objects, now)
         except (ValueError, UsageUnavailable) as exc:
             print(f"tf-extender plan: --prometheus: {exc}", file=sys.stderr)
-            return 2
+            return None
     else:
         samples, problems = load_samples(args.samples) if args.samples else (StaticUsageSource(), [])
         for problem in problems[:10]:
             print(f"tf-extender plan: --samples: {problem}", file=sys.stderr)
         if problems and not samples.samples:
-            return 2
-    for entry in plan_autoscale(state, objects, samples, now, zone):
-        print(json.dumps(entry))
-    return 0
+            return None
+    return plan_autoscale(state, objects, samples, now, zone)
 
 
 def _read_prometheus(args: argparse.Namespace, objects: Sequence[dict[str, Any]],

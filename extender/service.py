@@ -295,7 +295,8 @@ class ExtenderService:
         for node, figures in use.nodes.items():
             names = sorted({gpu.pool for gpu in self.state.node_gpus(node) if gpu.pool})
             nodes.append(NodeUse(node, ",".join(names), figures.tflops_percent, figures.vram_percent))
-        pools = [PoolUse(pool, f.tflops_percent, f.vram_percent) for pool, f in use.pools.items()]
+        pools = [PoolUse(pool, f.tflops_percent, f.vram_percent, f.capacity_tflops, f.capacity_vram_bytes)
+                 for pool, f in use.pools.items()]
         self.metrics.set_utilisation(nodes, pools, use.partially_used_gpus)
         self.metrics.set_allocations(*allocation_rows(self.state, self.caches["pods"].get))
 

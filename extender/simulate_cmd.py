@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
 from extender.common.contract import GPU_IDS, ContractError, RequestContext, parse_request, render_annotations
+from extender.common.output import add_output_argument, json_lines, table, yaml_document
 from extender.common.progress import Progress
 from extender.common.yamlio import YAMLFileError, iter_documents
 from extender.scheduling.placement import Mode
@@ -181,6 +181,7 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pods", required=True, metavar="PODS.yaml", help="pods to place, in order")
     parser.add_argument("--mode", choices=[m.value for m in Mode], default=None,
                         help="placement mode for every pool (default: each pool's own)")
+    add_output_argument(parser, "json", "one JSON object per pod and line, in order")
 
 
 def main_simulate(args: argparse.Namespace) -> int:
@@ -194,8 +195,13 @@ def main_simulate(args: argparse.Namespace) -> int:
             return 2
         results, state = simulate_with_state(cluster, pods, args.mode, progress)
         progress.begin("writing the results")
-        out = sys.stdout
-        out.write("".join(json.dumps(result) + "\n" for result in results))
-        out.flush()
+        output = getattr(args, "output", "json")
+        if output == "table":
+            sys.stdout.write(table(results, ("pod", "node", "gpus", "reason")))
+        elif output == "yaml":
+            sys.stdout.write(yaml_document(results))
+        else:
+            sys.stdout.write(json_lines(results))
+        sys.stdout.flush()
     print(utilisation_summary(state), file=sys.stderr)
     return 0

@@ -21,6 +21,7 @@ from typing import Any
 
 from extender.common.contract import COMPONENT_LABEL, COMPONENT_WORKER, GPU_POOL, POOL_LABEL, ContractError
 from extender.common.labels import EXPANSION_LABEL, EXPANSION_POD_ANNOTATION, NODEPOOL_LABEL
+from extender.common.output import add_output_argument, yaml_document
 from extender.controllers.gpustatus import PoolTotals, node_parts, tflops_text, vram_text
 from extender.kube import resources
 from extender.kube.resources import Resource
@@ -246,8 +247,7 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the kubeconfig context to use (default: its current context)")
     parser.add_argument("-n", "--namespace", default=None,
                         help="list only this namespace's pending GPU pods (pool figures stay cluster-wide)")
-    parser.add_argument("-o", "--output", default="table", choices=["table", "json"],
-                        help="a table for people (default) or JSON for scripts")
+    add_output_argument(parser, "table", "one JSON document for scripts")
     parser.add_argument("--prometheus", metavar="URL", default=None,
                         help="also show allocated vs used per pool, node, GPU and workload, use read from "
                              "dcgm-exporter's series in this Prometheus")
@@ -299,6 +299,8 @@ def main_status(args: argparse.Namespace, out: Any = None) -> int:
                               f"--- {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}\n")
                 if args.output == "json":
                     out.write(json.dumps(report, indent=2) + "\n")
+                elif args.output == "yaml":
+                    out.write(yaml_document(report))
                 else:
                     out.write(render_table(report) + (_render_usage(usage) if usage is not None else ""))
                 out.flush()

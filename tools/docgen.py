@@ -1,6 +1,7 @@
 """Write the generated references: ``docs/reference/flags.md`` from the command-line parsers of
-``tf-extender``, ``tf-webhook`` and ``tf-certs``, and ``docs/reference/metrics.md`` from the metric
-registries of ``tf-extender serve`` (with every controller enabled) and ``tf-webhook serve``.
+``tf-extender``, ``tf-webhook`` and ``tf-certs``, ``docs/reference/metrics.md`` from the metric
+registries of ``tf-extender serve`` (with every controller enabled) and ``tf-webhook serve``, and the
+chart's ``README.md`` and ``values.schema.json`` from its ``values.yaml`` (tools/chartdoc.py).
 
     python -m tools.docgen            # write both files (make docs)
     python -m tools.docgen --check    # exit 1 when a committed file differs from what would be written
@@ -18,6 +19,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from extender.common.options import DurationType
+from extender.common.timefmt import format_duration
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAGS_FILE = Path("docs/reference/flags.md")
@@ -57,6 +61,8 @@ def _default(action: argparse.Action) -> str:
         return "on" if action.default else "off"
     if action.default is None or action.default == argparse.SUPPRESS:
         return ""
+    if isinstance(action.type, DurationType) and isinstance(action.default, int | float):
+        return f"`{format_duration(action.default)}`"
     return f"`{action.default}`"
 
 
@@ -209,8 +215,18 @@ def metrics_markdown(sources: Iterable[tuple[str, Callable[[], Any]]] | None = N
 # -- the command ---------------------------------------------------------------------------------------
 
 
+def chart_files() -> dict[Path, str]:
+    """The chart's README.md and values.schema.json, from its values.yaml."""
+    from tools import chartdoc
+
+    values = (ROOT / chartdoc.VALUES_FILE).read_text(encoding="utf-8")
+    header = _HEADER.format(command=COMMAND, source=f"{chartdoc.VALUES_FILE.name} and its comments")
+    return {chartdoc.README_FILE: chartdoc.readme(values, header),
+            chartdoc.SCHEMA_FILE: chartdoc.schema_json(values)}
+
+
 def generated() -> dict[Path, str]:
-    return {FLAGS_FILE: flags_markdown(), METRICS_FILE: metrics_markdown()}
+    return {FLAGS_FILE: flags_markdown(), METRICS_FILE: metrics_markdown(), **chart_files()}
 
 
 def stale(root: Path = ROOT) -> list[Path]:

@@ -16,6 +16,13 @@ import yaml
 
 from extender.common import eventloop
 from extender.common.logs import setup_logging
+from extender.common.options import (
+    add_config_argument,
+    duration,
+    parse_with_sources,
+    subcommand,
+    take_deprecations,
+)
 from extender.common.tasks import cancel_and_wait
 from extender.common.version import version_line
 from extender.common.yamlio import YAMLFileError, iter_documents
@@ -35,6 +42,8 @@ log = logging.getLogger("webhook.cli")
 
 EXIT_DENIED = 1
 EXIT_USAGE = 2
+# tf-webhook serve --request-timeout can also come from TF_WEBHOOK_REQUEST_TIMEOUT or --config FILE.
+ENV_PREFIX = "TF_WEBHOOK"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,14 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster)")
     serve.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER_NAME)
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    serve.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT,
-                       help="seconds to answer one AdmissionReview")
-    serve.add_argument("--cert-reload-interval", type=float, default=2.0,
-                       help="seconds between checks of the certificate files")
+    serve.add_argument("--request-timeout", type=duration("--request-timeout", positive=True),
+                       default=DEFAULT_REQUEST_TIMEOUT, metavar="DURATION",
+                       help="time to answer one AdmissionReview (default 8s)")
+    serve.add_argument("--cert-reload-interval", type=duration("--cert-reload-interval", positive=True),
+                       default=2.0, metavar="DURATION",
+                       help="time between checks of the certificate files (default 2s)")
     serve.add_argument("--karpenter-do-not-disrupt", choices=[m.value for m in Mode], default=Mode.AUTO.value,
                        help='add karpenter.sh/do-not-disrupt: "true" to mutated pods, so Karpenter does not '
                             "consolidate nodes under them: auto (while the API serves Karpenter's "
                             "NodeClaims), true, false")
+    add_config_argument(serve, ENV_PREFIX)
 
     add_mutate_arguments(commands.add_parser(
         "mutate", help="show what the webhook does to a pod, without a cluster"))
@@ -80,10 +92,15 @@ def add_mutate_arguments(offline: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parse_with_sources(parser, serve_parser(parser) if argv[:1] == ["serve"] else None, argv,
+                              ENV_PREFIX)
     if args.command == "mutate":
         return run_mutate(args)
     setup_logging(args.log_level)
+    for line in take_deprecations():
+        log.warning(line)
     try:
         return eventloop.run(serve(args))
     except KeyboardInterrupt:
@@ -91,6 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # startup failures: bad certificates, kubeconfig, port in use
         log.error("cannot serve", extra={"error": f"{type(exc).__name__}: {exc}"})
         return 1
+
+
+def serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    return subcommand(parser, "serve")
 
 
 def run_mutate(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.utils import floatToGoString
 
+from extender.common.version import version
 from webhook.admission import Outcome
 from webhook.replay import ReviewReplay
 
@@ -27,6 +28,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class WebhookMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        build_info = Gauge("tf_webhook_build_info",
+                           "Always 1; the version label says which release of tf-webhook runs", ["version"],
+                           registry=self.registry)
+        build_info.labels(version()).set(1)
         self.duration = LoopHistogram(
             "tf_webhook_request_duration_seconds", "Time to answer one AdmissionReview.",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),

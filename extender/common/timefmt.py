@@ -46,3 +46,21 @@ def parse_time(value: object) -> dt.datetime | None:
     except ValueError:
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def format_duration(seconds: float) -> str:
+    """``seconds`` as the shortest Go duration that reads back the same: 900 as ``15m``, 55 as ``55s``,
+    5400 as ``1h30m``, 0.25 as ``250ms``, 0 as ``0s``."""
+    if seconds < 0:
+        raise ValueError(f"{seconds} is negative")
+    if seconds == 0:
+        return "0s"
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    whole, fraction = divmod(seconds, 1)
+    hours, rest = divmod(int(whole), 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{hours}h" if hours else "", f"{minutes}m" if minutes else ""]
+    if secs or fraction:
+        parts.append(f"{secs + fraction:g}s")
+    return "".join(parts)

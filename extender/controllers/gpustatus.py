@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter
 
 from extender.common.contract import WORKLOAD_LABEL
+from extender.common.options import duration
 from extender.common.quantity import Format, format_quantity
 from extender.scheduling.inventory import tflops_of
 from extender.scheduling.ledger import Allocation
@@ -59,11 +60,12 @@ class StatusSettings:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("GPU and GPUPool status")
-    group.add_argument("--write-gpu-status", action="store_true",
+    group.add_argument("--write-gpu-status", action=argparse.BooleanOptionalAction, default=False,
                        help="keep GPU status.available / status.runningApps and GPUPool status totals in "
                             "step with the extender's ledger (off when another component owns them)")
-    group.add_argument("--gpu-status-interval", type=float, default=StatusSettings.interval,
-                       help="seconds between status passes: at most one write per GPU per pass (default 1)")
+    group.add_argument("--gpu-status-interval", type=duration("--gpu-status-interval", positive=True),
+                       default=StatusSettings.interval, metavar="DURATION",
+                       help="time between status passes: at most one write per GPU per pass (default 1s)")
 
 
 def from_args(args: argparse.Namespace) -> StatusSettings | None:

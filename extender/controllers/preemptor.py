@@ -70,13 +70,13 @@ def _uid(pod: dict[str, Any]) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("preemption")
-    group.add_argument("--no-preemptor", action="store_true",
-                       help="do not delete lower-priority GPU pods for pods that fit nowhere")
+    group.add_argument("--preemptor", action=argparse.BooleanOptionalAction, default=True,
+                       help="evict lower-priority GPU pods for pods that fit nowhere else (default on)")
 
 
 def from_args(args: argparse.Namespace) -> bool:
     """Whether the preemptor runs."""
-    return not args.no_preemptor
+    return bool(args.preemptor)
 
 
 class Preemptor:

@@ -36,6 +36,8 @@ class UsageFigures:
     gpus: int
     used_gpus: int
     partially_used_gpus: int
+    capacity_tflops: float = 0.0  # TFLOPS
+    capacity_vram_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -109,4 +111,5 @@ def figures(slots: Sequence[Slot]) -> UsageFigures:
         gpus=len(slots),
         used_gpus=sum(1 for s in slots if not s.idle),
         partially_used_gpus=sum(1 for s in slots if not s.idle and 0.0 < s.used < 100.0),
+        capacity_tflops=float(tflops_of(cap_t)), capacity_vram_bytes=cap_v,
     )

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from extender.common.version import version
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # up to 60 s: a bind may take up to its 55 s deadline on a slow API server
@@ -57,6 +59,8 @@ class PoolUse:
     pool: str
     tflops_percent: float
     vram_percent: float
+    capacity_tflops: float = 0.0
+    capacity_vram_bytes: int = 0
 
 
 # Rejection messages carry numbers and names; the metric keeps a short class of them.
@@ -99,12 +103,22 @@ class Metrics:
             "tf_extender_filter_rejections_total", "Nodes filtered out, by reason class", ["reason"],
             registry=r)
         self.binds = Counter("tf_extender_binds_total", "Bind calls by outcome", ["outcome"], registry=r)
+        self.build_info = Gauge(
+            "tf_extender_build_info", "Always 1; the version label says which release of tf-extender runs",
+            ["version"], registry=r)
+        self.build_info.labels(version()).set(1)
         self.node_allocated = Gauge(
-            "tf_extender_node_allocated_percent", "Allocated share of a node's GPUs",
+            "tf_extender_node_allocated_ratio", "Allocated share of a node's GPUs, 0 to 1",
             ["node", "pool", "resource"], registry=r)
         self.pool_allocated = Gauge(
-            "tf_extender_pool_allocated_percent", "Allocated share of a pool's GPUs", ["pool", "resource"],
+            "tf_extender_pool_allocated_ratio", "Allocated share of a pool's GPUs, 0 to 1",
+            ["pool", "resource"], registry=r)
+        self.pool_capacity_tflops = Gauge(
+            "tf_extender_pool_capacity_tflops", "TFLOPS of a pool's GPUs, allocated or not", ["pool"],
             registry=r)
+        self.pool_capacity_vram = Gauge(
+            "tf_extender_pool_capacity_vram_bytes", "VRAM of a pool's GPUs in bytes, allocated or not",
+            ["pool"], registry=r)
         self.partially_used = Gauge(
             "tf_extender_partially_used_gpus", "GPUs that are neither idle nor full", registry=r)
         self.preemptions = Counter(
@@ -168,12 +182,16 @@ class Metrics:
         """Replace the gauges' series (nodes that left the cluster disappear)."""
         self.node_allocated.clear()
         for n in nodes:
-            self.node_allocated.labels(n.node, n.pool, "tflops").set(n.tflops_percent)
-            self.node_allocated.labels(n.node, n.pool, "vram").set(n.vram_percent)
+            self.node_allocated.labels(n.node, n.pool, "tflops").set(n.tflops_percent / 100.0)
+            self.node_allocated.labels(n.node, n.pool, "vram").set(n.vram_percent / 100.0)
         self.pool_allocated.clear()
+        self.pool_capacity_tflops.clear()
+        self.pool_capacity_vram.clear()
         for p in pools:
-            self.pool_allocated.labels(p.pool, "tflops").set(p.tflops_percent)
-            self.pool_allocated.labels(p.pool, "vram").set(p.vram_percent)
+            self.pool_capacity_tflops.labels(p.pool).set(p.capacity_tflops)
+            self.pool_capacity_vram.labels(p.pool).set(p.capacity_vram_bytes)
+            self.pool_allocated.labels(p.pool, "tflops").set(p.tflops_percent / 100.0)
+            self.pool_allocated.labels(p.pool, "vram").set(p.vram_percent / 100.0)
         self.partially_used.set(partially_used)
 
     def on_scrape(self, refresh: Callable[[], None]) -> None:

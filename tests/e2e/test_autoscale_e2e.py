@@ -125,8 +125,8 @@ def _tflops(api_client, namespace: str, name: str) -> str:
 
 
 def _percent(extender, node: str, resource: str = "tflops") -> float | None:
-    value = extender.metric("tf_extender_node_allocated_percent", node=node, resource=resource)
-    return None if value is None else round(value, 6)
+    value = extender.metric("tf_extender_node_allocated_ratio", node=node, resource=resource)
+    return None if value is None else round(100 * value, 6)
 
 
 def _workload(api_client, namespace: str, name: str) -> dict[str, Any]:

@@ -46,7 +46,7 @@ def unschedulable(api_client: Any, namespace: str, name: str) -> bool:
 
 
 def allocated(extender: cpl.ExtenderRunner, pool: str, nodes: list[str]) -> dict[tuple[str, str], Any]:
-    return {(node, resource): extender.metric("tf_extender_node_allocated_percent", node=node, pool=pool,
+    return {(node, resource): extender.metric("tf_extender_node_allocated_ratio", node=node, pool=pool,
                                              resource=resource)
             for node in nodes for resource in ("tflops", "vram")}
 

@@ -13,7 +13,7 @@ ValidatingAdmissionPolicies (manifests/admission-policy.yaml). Each attack fails
   changed after the bind is not believed. It says so in a metric and in an event on the pod.
 
 GPUs have 100 TFLOPS and 40Gi; the tests read the extender's view from its
-``tf_extender_node_allocated_percent`` gauges.
+``tf_extender_node_allocated_ratio`` gauges.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def _refusal(call, *args: Any, **kwargs: Any) -> str:
 
 
 def _tflops_percent(extender: cpl.ExtenderRunner, node: str) -> float | None:
-    return extender.metric("tf_extender_node_allocated_percent", node=node, resource="tflops")
+    ratio = extender.metric("tf_extender_node_allocated_ratio", node=node, resource="tflops")
+    return None if ratio is None else round(100 * ratio, 6)
 
 
 def _wait_percent(extender: cpl.ExtenderRunner, node: str, percent: float) -> None:

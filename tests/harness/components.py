@@ -358,8 +358,8 @@ class ExtenderRunner:
         """Until the extender's picture of ``node`` is its GPUs with ``vram_percent`` of their VRAM allocated:
         the GPU objects and the pods holding them have reached its caches."""
         wait_until(
-            lambda: self.metric("tf_extender_node_allocated_percent", node=node, resource="vram") is not None
-            and abs(self.metric("tf_extender_node_allocated_percent", node=node, resource="vram")
+            lambda: self.metric("tf_extender_node_allocated_ratio", node=node, resource="vram") is not None
+            and abs(100 * self.metric("tf_extender_node_allocated_ratio", node=node, resource="vram")
                     - vram_percent) < 1e-6,
             timeout, what=f"the extender to see {node} at {vram_percent}% VRAM allocated",
         )

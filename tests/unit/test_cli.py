@@ -23,14 +23,14 @@ def test_serve_flags_and_defaults() -> None:
     args = cli.build_parser().parse_args(["serve"])
     assert (args.port, args.bind_address, args.prefix, args.kubeconfig, args.cert_dir) == (
         8080, "127.0.0.1", "/scheduler", None, None)
-    assert (args.inventory_source, args.max_pods_per_node, args.no_preemptor, args.log_level) == (
-        "auto", 256, False, "info")
+    assert (args.inventory_source, args.max_pods_per_node, args.preemptor, args.log_level) == (
+        "auto", 256, True, "info")
     args = cli.build_parser().parse_args([
         "serve", "--port", "9443", "--bind-address", "0.0.0.0", "--prefix", "/x", "--kubeconfig", "k",
         "--cert-dir", "/certs", "--inventory-source", "node-labels", "--max-pods-per-node", "8",
         "--no-preemptor", "--log-level", "debug"])
-    assert (args.port, args.inventory_source, args.max_pods_per_node, args.no_preemptor) == (
-        9443, "node-labels", 8, True)
+    assert (args.port, args.inventory_source, args.max_pods_per_node, args.preemptor) == (
+        9443, "node-labels", 8, False)
 
 
 @pytest.mark.parametrize("bad", [["serve", "--inventory-source", "magic"],
@@ -117,7 +117,7 @@ async def test_service_becomes_ready_after_sync_serves_and_stops_cleanly(aiohttp
                 assert (await response.json())["NodeNames"] == ["n1"]
             async with session.get(f"{base}/metrics") as response:
                 # (not 0: filter holds the GPUs of its answer for the bind that should follow)
-                gauge = 'tf_extender_node_allocated_percent{node="n1",pool="pool-a",resource="tflops"} '
+                gauge = 'tf_extender_node_allocated_ratio{node="n1",pool="pool-a",resource="tflops"} '
                 assert gauge in await response.text()
         assert fake.selectors["pods"] == POD_SELECTOR
         assert set(service.caches) == {"nodes", "pods", "gpus", "gpupools", "schedulingconfigtemplates",
@@ -186,11 +186,14 @@ def test_logs_are_json_lines_with_extra_fields(capsys: pytest.CaptureFixture[str
 
 # ``tf-extender serve``'s flags (option strings -> dest, default, choices) as they were when the flags were
 # declared in four places, before each controller package declared its own: the chart and the manifests
-# pass these, so the gathered parser must keep every one with its default.
+# pass these, so the gathered parser must keep every one with its default. Since one convention holds for
+# every option the forms changed deliberately, the values did not: each switch is --x/--no-x
+# (--no-preemptor is now the off form of --preemptor, --write-gpu-status gained --no-write-gpu-status),
+# times take Go durations (the defaults stay these seconds), and --config FILE reads any of them.
 SERVE_FLAGS_BEFORE_THE_REGISTRY: dict[str, tuple[str, Any, list[str] | None]] = {
-    "--autoscale": ("autoscale", False, None),
+    "--autoscale --no-autoscale": ("autoscale", False, None),
     "--autoscale-cron-time-zone": ("autoscale_cron_time_zone", "UTC", None),
-    "--autoscale-interval": ("autoscale_interval", "30s", None),
+    "--autoscale-interval": ("autoscale_interval", 30.0, None),
     "--autoscale-usage-file": ("autoscale_usage_file", None, None),
     "--autoscale-prometheus-url": ("autoscale_prometheus_url", None, None),
     "--autoscale-usage-metrics": ("autoscale_usage_metrics", "dcgm", ["dcgm", "hypervisor"]),
@@ -227,7 +230,7 @@ SERVE_FLAGS_BEFORE_THE_REGISTRY: dict[str, tuple[str, Any, list[str] | None]] = 
     "--max-pods-per-node": ("max_pods_per_node", 256, None),
     "--metrics-bind-address": ("metrics_bind_address", "0.0.0.0", None),
     "--metrics-port": ("metrics_port", 0, None),
-    "--no-preemptor": ("no_preemptor", False, None),
+    "--preemptor --no-preemptor": ("preemptor", True, None),
     "--node-protection-time": ("node_protection_time", 300.0, None),
     "--node-provisioner": ("node_provisioner", "auto", ["auto", "karpenter", "cluster-autoscaler"]),
     "--nudge-scheduler --no-nudge-scheduler": ("nudge_scheduler", True, None),
@@ -236,7 +239,8 @@ SERVE_FLAGS_BEFORE_THE_REGISTRY: dict[str, tuple[str, Any, list[str] | None]] = 
     "--placeholder-scheduler-name": ("placeholder_scheduler_name", "default-scheduler", None),
     "--port": ("port", 8080, None),
     "--prefix": ("prefix", "/scheduler", None),
-    "--write-gpu-status": ("write_gpu_status", False, None),
+    "--write-gpu-status --no-write-gpu-status": ("write_gpu_status", False, None),
+    "--config": ("config", None, None),
 }
 # flags added since, each with its default
 SERVE_FLAGS_ADDED_SINCE: dict[str, tuple[str, Any, list[str] | None]] = {

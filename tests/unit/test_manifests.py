@@ -121,13 +121,25 @@ def test_scheduler_deployment_matches_config(sched_cfg):
     dep = find("Deployment", "tensor-fusion-scheduler")
     spec = dep["spec"]["template"]["spec"]
     sched, extender = spec["containers"]
-    assert sched["image"] == "registry.k8s.io/kube-scheduler:v1.36.3"
+    assert sched["image"] == "registry.k8s.io/kube-scheduler"  # tagged by kustomization.yaml
     assert extender["image"] == "tensor-fusion-extender"  # tagged by kustomization.yaml
     assert extender["command"][:2] == ["tf-extender", "serve"]
     assert "--port=8080" in extender["command"] and "--bind-address=127.0.0.1" in extender["command"]
     assert extender["ports"] == [{"name": "metrics", "containerPort": 9090}]  # the verbs: loopback only
     assert spec["serviceAccountName"] == "tensor-fusion-scheduler"
     assert spec["volumes"] == [{"name": "config", "configMap": {"name": "tensor-fusion-scheduler-config"}}]
+
+
+def test_kube_scheduler_is_pinned_once_at_the_version_the_tests_run():
+    import re
+
+    images = {i["name"]: i for i in yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())["images"]}
+    script = (MANIFESTS.parent / "tests" / "harness" / "build-control-plane.sh").read_text()
+    tested = re.search(r'K8S_VERSION="\$\{K8S_VERSION:-(v[0-9.]+)\}"', script)
+    assert tested is not None
+    assert images["registry.k8s.io/kube-scheduler"]["newTag"] == tested[1]
+    compat = (MANIFESTS.parent / "docs" / "install.md").read_text()
+    assert f"| Kubernetes | {tested[1]} |" in compat  # the compatibility table says the same
 
 
 def test_webhook_scope_matches_design():
@@ -369,7 +381,9 @@ def test_the_image_version_is_set_once_and_is_the_release() -> None:
     root = Path(__file__).resolve().parents[2]
     release = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
     kustomization = yaml.safe_load((root / "manifests" / "kustomization.yaml").read_text())
-    assert kustomization["images"] == [{"name": "tensor-fusion-extender", "newTag": release}]
+    assert kustomization["images"][0] == {"name": "tensor-fusion-extender", "newTag": release}
+    assert [i["name"] for i in kustomization["images"]] == ["tensor-fusion-extender",
+                                                            "registry.k8s.io/kube-scheduler"]
     chart = yaml.safe_load((root / "charts" / "tensor-fusion-extender" / "Chart.yaml").read_text())
     assert chart["appVersion"] == release
     for name in ("scheduler.yaml", "webhook.yaml"):  # no tag in the Deployments: kustomize sets it

@@ -93,14 +93,37 @@ def test_alert_expression_parses_and_uses_exported_metrics(rule: dict[str, Any])
     assert rule["for"].endswith(("m", "h"))
 
 
-@pytest.mark.parametrize("rule", [r for r in rules() if "runbook_url" in r["annotations"]],
-                         ids=lambda r: r["alert"])
-def test_a_runbook_url_is_a_section_of_the_docs(rule: dict[str, Any]):
-    path, _, anchor = rule["annotations"]["runbook_url"].partition("#")
-    headings = [line.lstrip("#").strip() for line in (ROOT / path).read_text().splitlines()
-                if line.startswith("## ")]
-    slugs = {"-".join("".join(c for c in h.lower() if c.isalnum() or c in " -").split()) for h in headings}
-    assert anchor in slugs, f"{rule['alert']}: no section #{anchor} in {path}"
+@pytest.mark.parametrize("rule", rules(), ids=lambda r: f"{r['alert']}-{r['labels']['severity']}")
+def test_every_alert_has_a_runbook_section_in_the_docs(rule: dict[str, Any]):
+    from test_readme import anchors
+
+    target = rule["annotations"]["runbook_url"]
+    path, _, anchor = target.partition("#")
+    assert path == "docs/operations.md" and anchor == rule["alert"].lower(), target
+    assert anchor in anchors(ROOT / path), f"{target}: no heading #{anchor} in {path}"
+
+
+def test_the_build_info_gauges_carry_the_installed_version():
+    from extender.common.version import version
+
+    version = version()
+    assert version != "unknown"  # the suite runs from an installed (editable) distribution
+    assert f'tf_extender_build_info{{version="{version}"}} 1.0'.encode() in Metrics().render()
+    assert f'tf_webhook_build_info{{version="{version}"}} 1.0'.encode() in WebhookMetrics().exposition()
+
+
+def test_the_allocation_gauges_are_ratios_and_capacities_base_units():
+    from extender.server.metrics import NodeUse, PoolUse
+
+    metrics = Metrics()
+    pool = PoolUse("p", 25.0, 0.0, capacity_tflops=312.5, capacity_vram_bytes=80 * 2**30)
+    metrics.set_utilisation([NodeUse("n1", "p", 50.0, 100.0)], [pool], 0)
+    page = metrics.render().decode()
+    assert 'tf_extender_pool_capacity_tflops{pool="p"} 312.5' in page
+    assert 'tf_extender_pool_capacity_vram_bytes{pool="p"} 8.589934592e+10' in page
+    assert 'tf_extender_node_allocated_ratio{node="n1",pool="p",resource="tflops"} 0.5' in page
+    assert 'tf_extender_node_allocated_ratio{node="n1",pool="p",resource="vram"} 1.0' in page
+    assert 'tf_extender_pool_allocated_ratio{pool="p",resource="tflops"} 0.25' in page
 
 
 def test_every_required_alert_is_shipped():
@@ -117,7 +140,7 @@ def test_dashboard_query_parses_and_uses_exported_metrics(title: str, query: str
 def test_dashboard_covers_what_operators_ask_about():
     dash = json.loads(DASHBOARD.read_text())
     queries = " ".join(q for _, q in dashboard_queries())
-    for name in ("tf_extender_pool_allocated_percent", "tf_extender_node_allocated_percent",
+    for name in ("tf_extender_pool_allocated_ratio", "tf_extender_node_allocated_ratio",
                  "tf_extender_partially_used_gpus", "tf_extender_request_duration_seconds_bucket",
                  "tf_extender_requests_total", "tf_extender_binds_total",
                  "tf_extender_capacity_only_failures_total",
@@ -127,7 +150,7 @@ def test_dashboard_covers_what_operators_ask_about():
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
     variable = next(v for v in dash["templating"]["list"] if v["name"] == "pool")
-    assert variable["definition"] == "label_values(tf_extender_pool_allocated_percent, pool)"
+    assert variable["definition"] == "label_values(tf_extender_pool_allocated_ratio, pool)"
 
 
 def test_the_chart_ships_the_same_rules_and_dashboard():

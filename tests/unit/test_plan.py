@@ -282,3 +282,23 @@ def test_a_multi_gpu_pod_gets_a_node_with_enough_gpus(
     # a pod that fits small nodes keeps the cheapest choice
     lines = run_plan(tmp_path, [NODE_CLASS, karpenter_pool("kp"), gpu_pod("narrow", "kp")], capsys=capsys)
     assert [(x["instanceType"], x["count"]) for x in lines] == [("small.x1", 1)]
+
+
+@pytest.mark.parametrize("output", ["table", "yaml"])
+def test_plan_prints_a_table_or_yaml_on_request(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                output: str) -> None:
+    snapshot = tmp_path / "snapshot.yaml"
+    snapshot.write_text(yaml.safe_dump_all([NODE_CLASS, karpenter_pool("kp", minResources={"tflops": 500})]))
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(CATALOG)
+    assert main(["plan", "--cluster", str(snapshot), "--catalog", str(catalog), "--now", NOW,
+                 "-o", output]) == 0
+    out = capsys.readouterr().out
+    if output == "yaml":
+        actions = yaml.safe_load(out)
+        assert [(a["action"], a["instanceType"]) for a in actions] == [("launch", "big.x4"),
+                                                                      ("launch", "small.x1")]
+    else:
+        lines = out.splitlines()
+        assert lines[0].split() == ["ACTION", "POOL", "NODE", "REASON"]
+        assert [line.split()[:3] for line in lines[1:]] == [["launch", "kp", "-"], ["launch", "kp", "-"]]

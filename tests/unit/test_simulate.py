@@ -135,3 +135,22 @@ def test_main_reports_a_missing_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     )
     assert main_simulate(args) == 2
     assert "nope.yaml" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("output", ["table", "yaml"])
+def test_main_prints_a_table_or_yaml_on_request(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                output: str) -> None:
+    cluster, pods = tmp_path / "cluster.yaml", tmp_path / "pods.yaml"
+    cluster.write_text(yaml.safe_dump_all(CLUSTER))
+    pods.write_text(yaml.safe_dump({"kind": "PodList", "items": PODS[:2]}))
+    parser = argparse.ArgumentParser()
+    add_simulate_arguments(parser)
+    assert main_simulate(parser.parse_args(["--cluster", str(cluster), "--pods", str(pods), "--mode",
+                                            "LowLoadFirst", "-o", output])) == 0
+    out = capsys.readouterr().out
+    if output == "yaml":
+        assert yaml.safe_load(out) == [{"pod": "ml/one", "node": "a", "gpus": ["a-0"]},
+                                       {"pod": "ml/two", "node": "b", "gpus": ["b-1"]}]
+    else:
+        assert out.splitlines() == ["POD     NODE  GPUS  REASON", "ml/one  a     a-0   -",
+                                    "ml/two  b     b-1   -"]

@@ -187,3 +187,15 @@ def test_status_with_an_unreachable_prometheus_still_reports_and_says_why(monkey
     assert status_cmd.main_status(args, out) == 1
     assert "POOL" in out.getvalue()
     assert "no usage: Prometheus at http://127.0.0.1:9" in capsys.readouterr().err
+
+
+def test_yaml_output_is_the_report(monkeypatch: pytest.MonkeyPatch):
+    import yaml
+
+    from extender import status_cmd
+
+    monkeypatch.setattr(status_cmd, "read_snapshot", lambda _lister: _snapshot())
+    monkeypatch.setattr("extender.kube.client.load_api_client", lambda _path, context=None: _Closable())
+    out = io.StringIO()
+    assert status_cmd.main_status(cli.build_parser().parse_args(["status", "-o", "yaml"]), out) == 0
+    assert yaml.safe_load(out.getvalue()) == build_report(_snapshot())

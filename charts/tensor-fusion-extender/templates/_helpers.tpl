@@ -7,6 +7,34 @@ app.kubernetes.io/part-of: tensor-fusion-extender
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
 
+{{/* kube-scheduler's image: scheduler.image.tag, else the cluster's own vMAJOR.MINOR.PATCH (the version-skew
+policy forbids a scheduler newer than the API server; a vendor suffix such as -eks-1a2b is dropped). */}}
+{{- define "tfe.schedulerImage" -}}
+{{- $v := semver .Capabilities.KubeVersion.Version -}}
+{{ .Values.scheduler.image.repository }}:{{ .Values.scheduler.image.tag | default (printf "v%d.%d.%d" $v.Major $v.Minor $v.Patch) }}
+{{- end }}
+
+{{/* Command-line flags from (name value default) triples: nothing when the value is the program's default
+(so the default values render the command lines of manifests/), --name / --no-name for a switch, else
+--name=value. An empty string means the program's own default. */}}
+{{- define "tfe.flags" -}}
+{{- $out := list -}}
+{{- range . -}}
+{{- $name := index . 0 -}}{{- $value := index . 1 -}}{{- $default := index . 2 -}}
+{{- if and (kindIs "float64" $value) (eq $value (float64 (int64 $value))) -}}
+{{- $value = int64 $value -}}{{/* values files give whole numbers as floats: 1000000, not 1e+06 */}}
+{{- end -}}
+{{- if and (ne (toString $value) (toString $default)) (ne (toString $value) "") -}}
+{{- if kindIs "bool" $value -}}
+{{- $out = append $out (printf "--%s%s" (ternary "" "no-" $value) $name) -}}
+{{- else -}}
+{{- $out = append $out (printf "--%s=%v" $name $value) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $out }}{{ toYaml $out }}{{ end -}}
+{{- end }}
+
 {{/* "true" when a switch that may be auto is on: auto follows whether the cluster serves the API. */}}
 {{- define "tfe.auto" -}}
 {{- $value := index . 0 -}}{{- $api := index . 1 -}}{{- $caps := index . 2 -}}

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from extender.common.options import duration
 from extender.common.timefmt import parse_duration
 from extender.controllers.autoscale.prometheus import (
     DEFAULT_MAX_POINTS,
@@ -14,6 +15,7 @@ from extender.controllers.autoscale.prometheus import (
 )
 
 DEFAULT_INTERVAL = "30s"  # TensorFusion's autoScalingInterval
+DEFAULT_INTERVAL_SECONDS = parse_duration(DEFAULT_INTERVAL).total_seconds()
 
 
 @dataclass(frozen=True)
@@ -27,11 +29,12 @@ class AutoscaleOptions:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("workload autoscaling")
-    group.add_argument("--autoscale", action="store_true",
+    group.add_argument("--autoscale", action=argparse.BooleanOptionalAction, default=False,
                        help="keep a TensorFusionWorkload per GPU workload, recommend from usage history and "
                             "resize workers in place where autoSetResources is enabled")
-    group.add_argument("--autoscale-interval", default=DEFAULT_INTERVAL,
-                       help="how often every workload is evaluated, a Go duration (default 30s)")
+    group.add_argument("--autoscale-interval", metavar="DURATION", default=DEFAULT_INTERVAL_SECONDS,
+                       type=duration("--autoscale-interval", positive=True, legacy_seconds=False),
+                       help="how often every workload is evaluated (default 30s)")
     group.add_argument("--autoscale-usage-file", default=None,
                        help="read usage samples from this JSON file (a list of {namespace, workload, worker, "
                             "tflops, vram, time}), re-read every pass")
@@ -57,12 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def from_args(args: argparse.Namespace) -> AutoscaleOptions:
     if not args.autoscale:
         return AutoscaleOptions()
-    try:
-        interval = parse_duration(str(args.autoscale_interval)).total_seconds()
-    except ValueError as exc:
-        raise SystemExit(f"--autoscale-interval: {args.autoscale_interval!r}: {exc}") from exc
-    if interval <= 0:
-        raise SystemExit(f"--autoscale-interval: {args.autoscale_interval!r} must be positive")
+    interval = float(args.autoscale_interval)  # a positive duration, checked by the parser
     try:
         ZoneInfo(str(args.autoscale_cron_time_zone))
     except (ZoneInfoNotFoundError, ValueError) as exc:

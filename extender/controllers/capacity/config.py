@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from extender.common.options import duration
 from extender.controllers import LEADER_LEASE
 from extender.planning.removal import DEFAULT_PROTECTION_SECONDS
 
@@ -55,10 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        action=argparse.BooleanOptionalAction, default=True,
                        help="run the Karpenter-mode provisioner and the compaction of empty nodes "
                             f"(default on; one active per cluster, Lease {LEADER_LEASE})")
-    group.add_argument("--capacity-interval", type=float, default=DEFAULT_INTERVAL, metavar="SECONDS",
-                       help="reconcile pools this often at the latest (default 10)")
-    group.add_argument("--node-protection-time", type=float, default=DEFAULT_PROTECTION_SECONDS,
-                       metavar="SECONDS", help="never remove an empty node younger than this (default 300)")
+    group.add_argument("--capacity-interval", type=duration("--capacity-interval", positive=True),
+                       default=DEFAULT_INTERVAL, metavar="DURATION",
+                       help="reconcile pools this often at the latest (default 10s)")
+    group.add_argument("--node-protection-time", type=duration("--node-protection-time"),
+                       default=DEFAULT_PROTECTION_SECONDS, metavar="DURATION",
+                       help="never remove an empty node younger than this (default 5m)")
     group.add_argument("--catalog", dest="catalog_file", default=None, metavar="CATALOG.yaml",
                        help="instance types over the built-in catalog (see tf-extender plan)")
     group.add_argument("--catalog-configmap", default=None, metavar="NAMESPACE/NAME",
@@ -70,17 +73,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cluster-name", default=DEFAULT_CLUSTER_NAME,
                        help="Provisioned mode: the tag tensor-fusion.ai/cluster on every VM; the orphan "
                             f"sweep terminates only VMs tagged with it (default {DEFAULT_CLUSTER_NAME})")
-    group.add_argument("--node-join-timeout", type=float, default=DEFAULT_JOIN_TIMEOUT, metavar="SECONDS",
+    group.add_argument("--node-join-timeout", type=duration("--node-join-timeout", positive=True),
+                       default=DEFAULT_JOIN_TIMEOUT, metavar="DURATION",
                        help="Provisioned mode: terminate a VM whose Node has not joined after this long "
-                            "(default 900)")
-    group.add_argument("--orphan-grace", type=float, default=DEFAULT_ORPHAN_GRACE, metavar="SECONDS",
+                            "(default 15m)")
+    group.add_argument("--orphan-grace", type=duration("--orphan-grace"), default=DEFAULT_ORPHAN_GRACE,
+                       metavar="DURATION",
                        help="Provisioned mode: terminate a VM tagged for this cluster that no GPUNodeClaim "
-                            "owns once it is this old (default 600)")
-    group.add_argument("--capacity-error-backoff", type=float, default=DEFAULT_CAPACITY_BACKOFF,
-                       metavar="SECONDS",
+                            "owns once it is this old (default 10m)")
+    group.add_argument("--capacity-error-backoff", type=duration("--capacity-error-backoff"),
+                       default=DEFAULT_CAPACITY_BACKOFF, metavar="DURATION",
                        help="Provisioned mode: an offering the cloud refused for lack of capacity is not "
                             "tried again for this long; a pool whose launch failed otherwise waits as long "
-                            "(default 300)")
+                            "(default 5m)")
 
 def from_args(args: argparse.Namespace) -> CapacityConfig:
     return CapacityConfig(

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.common.cron import CronError, CronSchedule
+from extender.common.options import duration
 from extender.common.timefmt import parse_duration
 
 FIELD = "spec.nodeManagerConfig.nodeCompaction.defrag"
@@ -115,10 +116,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--defrag", action=argparse.BooleanOptionalAction, default=True,
                        help="run defragmentation for GPUPools that enable it (nodeCompaction.defrag) or "
                             "carry the tensor-fusion.ai/manual-defrag annotation (default on)")
-    group.add_argument("--defrag-replacement-timeout", type=float, metavar="SECONDS",
+    group.add_argument("--defrag-replacement-timeout", metavar="DURATION",
+                       type=duration("--defrag-replacement-timeout", positive=True),
                        default=DEFAULT_REPLACEMENT_TIMEOUT_SECONDS,
                        help="how long a defragmentation run waits for an evicted pod's replacement to be "
-                            "bound before it stops (default 300)")
+                            "bound before it stops (default 5m)")
 
 
 def from_args(args: argparse.Namespace) -> DefragOptions:

@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from extender.common.options import duration
 from extender.controllers import LEADER_LEASE
 
 DEFAULT_DELAY_SECONDS = 10.0
@@ -62,8 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         help=f"create NodeClaims for pods that fail only for lack of GPU capacity (env {ENV_ENABLED})",
     )
     group.add_argument(
-        "--expansion-delay", dest="expansion_delay", type=float, metavar="SECONDS",
-        default=float(env.get(ENV_DELAY, DEFAULT_DELAY_SECONDS)),
+        "--expansion-delay", dest="expansion_delay", type=duration("--expansion-delay"), metavar="DURATION",
+        default=env.get(ENV_DELAY, DEFAULT_DELAY_SECONDS),
         help="wait this long after a rejection before expanding, so that existing capacity is retried "
              f"(env {ENV_DELAY})",
     )
@@ -73,8 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         help=f"at most this many created NodeClaims waiting for their node (env {ENV_MAX_IN_FLIGHT})",
     )
     group.add_argument(
-        "--expansion-claim-timeout", dest="expansion_claim_timeout", type=float, metavar="SECONDS",
-        default=float(env.get(ENV_CLAIM_TIMEOUT, DEFAULT_CLAIM_TIMEOUT_SECONDS)),
+        "--expansion-claim-timeout", dest="expansion_claim_timeout", metavar="DURATION",
+        type=duration("--expansion-claim-timeout", positive=True),
+        default=env.get(ENV_CLAIM_TIMEOUT, DEFAULT_CLAIM_TIMEOUT_SECONDS),
         help=f"give up waiting for a created claim's node after this long (env {ENV_CLAIM_TIMEOUT})",
     )
     group.add_argument(
