@@ -251,7 +251,7 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prometheus", metavar="URL", default=None,
                         help="also show allocated vs used per pool, node, GPU and workload, use read from "
                              "dcgm-exporter's series in this Prometheus")
-    parser.add_argument("-w", "--watch", action="store_true",
+    parser.add_argument("-w", "--watch", action=argparse.BooleanOptionalAction, default=False,
                         help="read and print again every --watch-interval until interrupted")
     parser.add_argument("--watch-interval", type=_interval, default="2s", metavar="DURATION",
                         help="time between two screens of --watch, a Go duration (default 2s)")
