@@ -787,8 +787,7 @@ def test_another_namespace_reaches_every_namespaced_reference(helm):
 FIXED_BY_THE_CHART = {"--port", "--bind-address", "--metrics-port", "--metrics-bind-address", "--prefix",
                       "--kubeconfig", "--cert-dir", "--catalog", "--autoscale-usage-file", "--config",
                       # TensorFusionCluster and GPUNode controllers: off when TensorFusion's own API is served
-                      "--tensorfusion-clusters", "--tensorfusion-cluster-interval", "--gpu-nodes",
-                      "--gpu-node-interval",
+                      "--tensorfusion-clusters", "--gpu-nodes",
                       "--computing-vendor"}  # a file; in-cluster: the TensorFusionCluster
 EVERY_EXTENDER_VALUE = {
     "extender.inventorySource": "gpu-objects", "extender.maxPodsPerNode": "32",
@@ -806,6 +805,10 @@ EVERY_EXTENDER_VALUE = {
     "autoscale.enabled": "true", "autoscale.interval": "1m", "autoscale.cronTimeZone": "Europe/Paris",
     "capacity.clusterName": "prod", "capacity.nodeJoinTimeout": "20m", "capacity.orphanGrace": "1h",
     "capacity.capacityErrorBackoff": "2m",
+    "autoscale.prometheusUrl": "http://prometheus:9090", "autoscale.usageMetrics": "hypervisor",
+    "autoscale.tflopsQuery": "tflops_q", "autoscale.vramQuery": "vram_q", "autoscale.prometheusStep": "1m",
+    "autoscale.prometheusMaxPoints": "200",
+    "extender.tensorFusionClusterInterval": "1m", "extender.gpuNodeInterval": "10s",
 }
 
 
@@ -837,6 +840,10 @@ def test_every_serve_option_is_a_value_and_reaches_the_command_line(helm):
             args.catalog_configmap) == (False, 30.0, 3600.0, "ns/catalog")
     assert (args.autoscale, args.autoscale_interval, args.autoscale_cron_time_zone) == (
         True, 60.0, "Europe/Paris")
+    assert (args.autoscale_prometheus_url, args.autoscale_usage_metrics, args.autoscale_tflops_query,
+            args.autoscale_vram_query, args.autoscale_prometheus_max_points) == (
+        "http://prometheus:9090", "hypervisor", "tflops_q", "vram_q", 200)
+    assert (args.tensorfusion_cluster_interval, args.gpu_node_interval) == (60.0, 10.0)
     assert (args.cluster_name, args.node_join_timeout, args.orphan_grace, args.capacity_error_backoff) == (
         "prod", 1200.0, 3600.0, 120.0)
     web = _parse(webhook_cli.build_parser(),

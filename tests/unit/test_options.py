@@ -36,7 +36,9 @@ def test_every_time_option_takes_a_go_duration() -> None:
     assert {a.option_strings[0] for a in timed} == {
         "--bind-deadline", "--gpu-status-interval", "--defrag-replacement-timeout", "--expansion-delay",
         "--expansion-claim-timeout", "--capacity-interval", "--node-protection-time", "--autoscale-interval",
-        "--node-join-timeout", "--orphan-grace", "--capacity-error-backoff"}
+        "--node-join-timeout", "--orphan-grace", "--capacity-error-backoff",
+        "--tensorfusion-cluster-interval",
+        "--gpu-node-interval"}
     args = cli.build_parser().parse_args([
         "serve", "--bind-deadline", "30s", "--expansion-claim-timeout", "15m",
         "--gpu-status-interval", "500ms", "--node-protection-time", "1h30m"])

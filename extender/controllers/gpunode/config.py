@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from extender.common.options import duration
+
 DEFAULT_INTERVAL = 5.0
 
 
@@ -27,9 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="keep one GPUNode per GPU node (totals, availability, GPU count, phase) from the "
                             "ledger, owned by its Node (default on; off when TensorFusion's own controller "
                             "writes GPUNodes)")
-    group.add_argument("--gpu-node-interval", type=float, default=DEFAULT_INTERVAL, metavar="SECONDS",
-                       help="seconds between GPUNode passes: at most one write per GPUNode per pass, however "
-                            "many pods bind (default 5)")
+    group.add_argument("--gpu-node-interval", type=duration("--gpu-node-interval", positive=True),
+                       default=DEFAULT_INTERVAL, metavar="DURATION",
+                       help="time between GPUNode passes: at most one write per GPUNode per pass, however "
+                            "many pods bind (default 5s)")
 
 
 def from_args(args: argparse.Namespace) -> GPUNodeConfig:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from extender.common.options import duration
+
 DEFAULT_INTERVAL = 30.0
 
 
@@ -25,9 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="derive, update and delete each TensorFusionCluster's GPUPools and write its "
                             "status (default on; the leader only; off when TensorFusion's own controller "
                             "runs)")
-    group.add_argument("--tensorfusion-cluster-interval", type=float, default=DEFAULT_INTERVAL,
-                       metavar="SECONDS",
-                       help="reconcile every TensorFusionCluster this often at the latest (default 30)")
+    group.add_argument("--tensorfusion-cluster-interval",
+                       type=duration("--tensorfusion-cluster-interval", positive=True),
+                       default=DEFAULT_INTERVAL, metavar="DURATION",
+                       help="reconcile every TensorFusionCluster this often at the latest (default 30s)")
 
 
 def from_args(args: argparse.Namespace) -> TFClusterConfig:
