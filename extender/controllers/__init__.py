@@ -104,7 +104,9 @@ async def leader_gated_loop(name: str, leader: Leader, reconcile: Callable[[dt.d
         if wake is None:
             await asyncio.sleep(interval)
             continue
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(wake.wait(), interval)
+        # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation (shutdown hangs)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(interval):
+                await wake.wait()
         wake.clear()
         await asyncio.sleep(settle)

@@ -86,7 +86,11 @@ class Leadership:
         """Take or renew the Leases in order; True when all are held."""
         for position, keeper in enumerate(self.keepers):
             try:
-                held = await asyncio.wait_for(keeper.try_acquire(), self.renew_deadline)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result when the
+                # call ends as the task is cancelled, swallowing the cancellation, and a stopping
+                # replica then renews forever (seen under load in the two-replica e2e)
+                async with asyncio.timeout(self.renew_deadline):
+                    held = await keeper.try_acquire()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # kept while fresh (LeaseKeeper.is_leader); retried next round

@@ -140,8 +140,10 @@ class ReservationKeeper:
                         raise
                     except Exception:
                         log.exception("reconciling GPU reservation pods failed")
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), POLL_SECONDS)
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation (shutdown hangs)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(POLL_SECONDS):
+                        await self._wake.wait()
         finally:
             await cancel_and_wait([watch])
 

@@ -341,8 +341,10 @@ class Expander:
             self.adopt_existing_claims()
             while True:
                 await self.tick()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self._sleep_for())
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation (shutdown hangs)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._sleep_for()):
+                        await self._wake.wait()
                 self._wake.clear()
         finally:
             await cancel_and_wait([leader_task])
