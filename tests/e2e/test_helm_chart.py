@@ -32,7 +32,6 @@ import argparse
 import base64
 import contextlib
 import json
-import re
 import subprocess
 import tempfile
 import uuid
@@ -52,10 +51,7 @@ NS = cpl.PROJECT_NAMESPACE
 RELEASE = "tfe"
 HOOK = "helm.sh/hook"
 HELM_HOME = Path(tempfile.gettempdir()) / "tf-e2e-helm-home"  # helm's config and cache, not the user's
-# The Kubernetes version the control plane is built at: `helm template` and `helm lint` render for it (helm's
-# own default, v1.20, is below the chart's kubeVersion), as `helm install` does for the cluster it talks to.
-_BUILD_SCRIPT = cpl.REPO_ROOT / "tests" / "harness" / "build-control-plane.sh"
-KUBE_VERSION = re.search(r'K8S_VERSION="\$\{K8S_VERSION:-(v[0-9.]+)\}"', _BUILD_SCRIPT.read_text())[1]  # type: ignore[index]
+KUBE_VERSION = cpl.KUBE_VERSION  # helm template/lint render for it, as helm install does for its cluster
 
 
 @pytest.fixture(scope="module")

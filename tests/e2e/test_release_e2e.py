@@ -73,7 +73,8 @@ def test_the_chart_package_is_stamped_with_the_version(dist, helm):
         assert member is not None
         chart = yaml.safe_load(member.read())
     assert (chart["version"], chart["appVersion"]) == (CHART_VERSION, VERSION)
-    rendered = subprocess.run([helm, "template", "tfe", package, "--namespace", "tensor-fusion-sys"],
+    rendered = subprocess.run([helm, "template", "tfe", package, "--namespace", "tensor-fusion-sys",
+                               "--kube-version", cpl.KUBE_VERSION],
                               capture_output=True, text=True, timeout=180, check=True).stdout
     images = {c["image"] for doc in yaml.safe_load_all(rendered) if doc and doc.get("kind") == "Deployment"
               for c in doc["spec"]["template"]["spec"]["containers"]}

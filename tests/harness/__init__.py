@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from .build import (
     BUILD_SCRIPT,
+    KUBE_VERSION,
     build_binaries,
 )
 from .components import (
@@ -127,6 +128,7 @@ __all__ = [
     "GPU_IDS_ANNOTATION",
     "GPU_SCHEDULER_NAME",
     "INDEX_RESOURCES",
+    "KUBE_VERSION",
     "KWOK_NODE_ANNOTATION",
     "MANIFESTS",
     "PORT_LOCK_DIR",

@@ -8,11 +8,15 @@ once: the first builds, the others wait and find the cache.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
 BUILD_SCRIPT = Path(__file__).resolve().parent / "build-control-plane.sh"
+# The Kubernetes version the control plane is built at (the script's K8S_VERSION default). `helm template` and
+# `helm lint` render for it: helm's own default, v1.20, is below the chart's kubeVersion.
+KUBE_VERSION: str = re.search(r'K8S_VERSION="\$\{K8S_VERSION:-(v[0-9.]+)\}"', BUILD_SCRIPT.read_text())[1]  # type: ignore[index]
 
 
 def build_binaries(components: Iterable[str] = (), timeout: float = 3 * 3600) -> dict[str, Path]:
