@@ -259,11 +259,13 @@ def cloud_request(payload: LaunchPayload, classes: dict[str, dict[str, Any]], ve
                             instance_type=offer.instance.name, capacity_type=offer.capacity_type,
                             zone=offer.zone, region=offer.instance.region or vendor.region,
                             node_class=node_class)
-    if vendor.type != "aws":
-        return {"error": f"computingVendor.type {vendor.type!r}: not supported yet"}
-    from extender.cloud.aws import AWSProvider
+    from extender.cloud.factory import make_provider
+    from extender.cloud.provider import CloudError
 
-    params = AWSProvider(vendor).request_of(request)
+    try:  # building a provider connects nowhere; request_of only spells the request
+        params = make_provider(vendor).request_of(request)
+    except CloudError as exc:
+        return {"error": f"computingVendor.type {vendor.type}: {exc}"}
     if "UserData" in params:
         params["UserData"] = node_class.user_data_digest(PLANNED_CLAIM)
     unresolved = {k: [t.name or t.tags for t in terms if not t.id] for k, terms in (

@@ -13,4 +13,8 @@ def make_provider(config: VendorConfig) -> Provider:
         from extender.cloud.aws import AWSProvider
 
         return AWSProvider(config)
+    if config.type == "alibaba":
+        from extender.cloud.alibaba import AlibabaProvider
+
+        return AlibabaProvider(config)
     raise CloudError("UnsupportedVendor", f"computingVendor.type={config.type!r}")

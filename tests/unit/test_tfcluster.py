@@ -323,7 +323,7 @@ class _Reader:
             "listing NodeClaims failed",
         ),
         ("aws", None, False, "CloudVendorConnectionFailed", "computingVendor.params.defaultRegion: required"),
-        ("alibaba", None, False, "NotYetSupported", "computingVendor.type alibaba"),
+        ("alibaba", None, False, "CloudVendorConnectionFailed", "computingVendor.params.defaultRegion"),
         ("gcp", None, False, "UnsupportedVendor", "'gcp': not supported; supported: alibaba, aws, karpenter"),
     ],
 )

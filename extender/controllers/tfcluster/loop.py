@@ -217,7 +217,8 @@ class TFClusterController:
         if not isinstance(config, Mapping) or not config.get("type"):
             self._connections.pop(name, None)
             return None
-        digest = derive.template_hash(config)
+        # the key files' stamps are part of what was checked: a rotated Secret is checked again at once
+        digest = derive.template_hash({"computingVendor": config, "keyFiles": vendor.key_files_stamp(config)})
         cached = self._connections.get(name)
         fresh = cached is not None and time.monotonic() - cached[1] < VENDOR_RECHECK_SECONDS
         if cached is not None and fresh and cached[0] == digest:

@@ -2,13 +2,14 @@
 
 One function per vendor type checks the connection and answers a ``Connection``; ``connection_check``
 maps the type to it. ``karpenter`` lists Karpenter's NodeClaims (one item is enough). ``aws`` and
-``alibaba`` are TensorFusion's Provisioned-mode providers: ``aws`` runs the provider's own connection
-test (extender/cloud: a DescribeInstances with the configured credentials) and reports the cloud's message;
-``alibaba`` is not supported yet and says so rather than failing.
+``alibaba`` are TensorFusion's Provisioned-mode providers: each runs the provider's own connection test
+(extender/cloud: EC2's DescribeInstances, ECS's DescribeRegions, with the configured credentials) and
+reports the cloud's message.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -22,7 +23,7 @@ CONDITION = "CloudVendorConnectionReady"  # TensorFusion: ConditionStatusTypeClo
 @dataclass(frozen=True)
 class Connection:
     ok: bool
-    reason: str  # CloudVendorConnectionOK, CloudVendorConnectionFailed, NotYetSupported, UnsupportedVendor
+    reason: str  # CloudVendorConnectionOK, CloudVendorConnectionFailed, UnsupportedVendor
     message: str
 
     def condition(self) -> dict[str, Any]:
@@ -57,14 +58,6 @@ async def check_karpenter(vendor: Mapping[str, Any], reader: Reader) -> Connecti
     return Connection(True, "CloudVendorConnectionOK", "Karpenter's NodeClaims can be listed")
 
 
-def _not_yet(vendor_type: str) -> Check:
-    async def check(vendor: Mapping[str, Any], reader: Reader) -> Connection:
-        return Connection(False, "NotYetSupported",
-                          f"computingVendor.type {vendor_type}: Provisioned mode through {vendor_type} "
-                          "is not yet supported by tensor-fusion-extender; use type karpenter")
-    return check
-
-
 async def check_cloud(vendor: Mapping[str, Any], reader: Reader) -> Connection:
     """A Provisioned-mode vendor: the computingVendor parsed, then the provider's connection test."""
     from extender.cloud.factory import make_provider
@@ -88,10 +81,26 @@ async def check_cloud(vendor: Mapping[str, Any], reader: Reader) -> Connection:
                       f"computingVendor.type {config.type}: the compute API of {config.region} answered")
 
 
+def key_files_stamp(vendor: Mapping[str, Any]) -> list[str]:
+    """(path, mtime, size) of ``params.accessKeyPath`` / ``secretKeyPath``: what changes when the mounted
+    Secret is rotated (kubelet swaps the files)."""
+    params = vendor.get("params")
+    out: list[str] = []
+    for key in ("accessKeyPath", "secretKeyPath"):
+        path = str(params.get(key) or "") if isinstance(params, Mapping) else ""
+        if path:
+            try:
+                st = os.stat(path)
+                out.append(f"{path}:{st.st_mtime_ns}:{st.st_size}")
+            except OSError as exc:
+                out.append(f"{path}:{exc.errno}")
+    return out
+
+
 CHECKS: dict[str, Check] = {
     "karpenter": check_karpenter,
     "aws": check_cloud,
-    "alibaba": _not_yet("alibaba"),
+    "alibaba": check_cloud,
 }
 
 
