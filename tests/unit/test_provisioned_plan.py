@@ -82,6 +82,31 @@ def test_plan_prints_the_exact_ec2_request_with_a_user_data_digest(
     assert request["resolvedAtLaunch"] == {"subnetSelectorTerms": [{"k": "v"}]}
 
 
+def test_plan_prints_the_exact_ecs_request_for_an_alibaba_vendor(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    vendor = tmp_path / "vendor.yaml"
+    vendor.write_text(yaml.safe_dump({"type": "alibaba", "authType": "serviceAccountRole",
+                                      "params": {"defaultRegion": "cn-hangzhou"}}))
+    lines = run_plan(
+        tmp_path,
+        [NODE_CLASS, provisioned_pool("p", minResources={"tflops": "150"})],
+        "--computing-vendor", str(vendor), "--cluster-name", "prod",
+        capsys=capsys,
+    )
+    launch = next(line for line in lines if line["action"] == "launch")
+    request = launch["cloudRequest"]
+    assert request["vendor"] == "alibaba" and request["operation"] == "RunInstances"
+    params = request["parameters"]
+    assert params["ImageId"] == "ami-0abc" and params["InstanceType"] == launch["instanceType"]
+    assert params["SecurityGroupIds"] == ["sg-1"] and params["RamRoleName"] == "tf-node"
+    assert params["ClientToken"] == params["InstanceName"] == "__GPU_NODE_RESOURCE_NAME__"
+    assert params["UserData"] == parse_node_class(NODE_CLASS).user_data_digest("__GPU_NODE_RESOURCE_NAME__")
+    tags = {t["Key"]: t["Value"] for t in params["Tag"]}
+    assert tags["tensor-fusion.ai/cluster"] == "prod" and tags["tensor-fusion.ai/gpupool"] == "p"
+    assert request["resolvedAtLaunch"] == {"subnetSelectorTerms": [{"k": "v"}]}
+
+
 def test_plan_without_a_vendor_says_why_there_is_no_request(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
