@@ -99,7 +99,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                              "templates (or --usage-metrics hypervisor), over --history before now")
     parser.add_argument("--usage-metrics", choices=("dcgm", "hypervisor"), default="dcgm",
                         help="the PromQL templates --prometheus uses (default dcgm)")
-    parser.add_argument("--history", default="2h",
+    parser.add_argument("--history", default="2h", metavar="DURATION",
+                        type=duration("--history", positive=True, legacy_seconds=False),
                         help="how far back --prometheus reads, a Go duration (default 2h, TensorFusion's "
                              "historyDataPeriod)")
     parser.add_argument("--cron-time-zone", default="UTC",
@@ -211,15 +212,9 @@ def _read_prometheus(args: argparse.Namespace, objects: Sequence[dict[str, Any]]
     import asyncio
 
     from extender.common.contract import WORKLOAD_LABEL
-    from extender.common.timefmt import parse_duration
     from extender.controllers.autoscale.prometheus import PRESETS, PrometheusOptions, PrometheusUsage
 
-    try:
-        history = parse_duration(str(args.history)).total_seconds()
-    except ValueError as exc:
-        raise ValueError(f"--history {args.history!r}: {exc}") from exc
-    if history <= 0:
-        raise ValueError(f"--history {args.history!r} must be positive")
+    history = float(args.history)  # a positive duration, checked by the parser
     tflops, vram = PRESETS[str(args.usage_metrics)]
     reader = PrometheusUsage(PrometheusOptions(str(args.prometheus), tflops, vram))
     workloads = sorted({(str((o.get("metadata") or {}).get("namespace") or "default"),

@@ -37,7 +37,7 @@ def test_every_time_option_takes_a_go_duration() -> None:
         "--bind-deadline", "--gpu-status-interval", "--defrag-replacement-timeout", "--expansion-delay",
         "--expansion-claim-timeout", "--capacity-interval", "--node-protection-time", "--autoscale-interval",
         "--node-join-timeout", "--orphan-grace", "--capacity-error-backoff",
-        "--tensorfusion-cluster-interval",
+        "--tensorfusion-cluster-interval", "--autoscale-prometheus-step",
         "--gpu-node-interval"}
     args = cli.build_parser().parse_args([
         "serve", "--bind-deadline", "30s", "--expansion-claim-timeout", "15m",

@@ -125,11 +125,19 @@ def test_flags() -> None:
     assert autoscale_config.from_args(_args()).prometheus is None
     url = ("--autoscale-prometheus-url", "http://p")
     for argv, says in [(("--autoscale-prometheus-url", "p:9090"), "not an http"),
-                       ((*url, "--autoscale-prometheus-step", "often"), "step: 'often'"),
                        ((*url, "--autoscale-prometheus-max-points", "20000"), r"not in \[2, 11000\]"),
                        ((*url, "--autoscale-usage-file", "f"), "give one")]:
         with pytest.raises(SystemExit, match=says):
             autoscale_config.from_args(_args(*argv))
+
+
+@pytest.mark.parametrize("step", ["often", "0s", "30"])
+def test_a_step_that_is_not_a_positive_go_duration_is_a_usage_error_naming_the_flag(
+        step: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _args("--autoscale-prometheus-url", "http://p", "--autoscale-prometheus-step", step)
+    err = capsys.readouterr().err
+    assert "error: argument --autoscale-prometheus-step:" in err and step in err, err
 
 
 class Down:

@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "$workload are substituted; overrides the preset's")
     group.add_argument("--autoscale-vram-query", default=None,
                        help="PromQL for VRAM bytes in use per worker, as --autoscale-tflops-query")
-    group.add_argument("--autoscale-prometheus-step", default="30s",
+    group.add_argument("--autoscale-prometheus-step", default="30s", metavar="DURATION",
+                       type=duration("--autoscale-prometheus-step", positive=True, legacy_seconds=False),
                        help="query_range step, a Go duration (default 30s)")
     group.add_argument("--autoscale-prometheus-max-points", type=int, default=DEFAULT_MAX_POINTS,
                        help=f"points per query_range request; longer ranges are paged (default "
@@ -79,12 +80,7 @@ def prometheus_from_args(args: argparse.Namespace) -> PrometheusOptions | None:
         return None
     if not str(url).startswith(("http://", "https://")):
         raise SystemExit(f"--autoscale-prometheus-url: {url!r} is not an http(s) URL")
-    try:
-        step = parse_duration(str(args.autoscale_prometheus_step)).total_seconds()
-    except ValueError as exc:
-        raise SystemExit(f"--autoscale-prometheus-step: {args.autoscale_prometheus_step!r}: {exc}") from exc
-    if step <= 0:
-        raise SystemExit(f"--autoscale-prometheus-step: {args.autoscale_prometheus_step!r} must be positive")
+    step = float(args.autoscale_prometheus_step)  # a positive duration, checked by the parser
     points = int(args.autoscale_prometheus_max_points)
     if not 2 <= points <= 11000:
         raise SystemExit(f"--autoscale-prometheus-max-points: {points} is not in [2, 11000] "
