@@ -31,6 +31,7 @@ import http.server
 import itertools
 import json
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ REQUIRED_SIGNED = (
     "x-acs-version",
 )
 CLOCK_SKEW = dt.timedelta(minutes=15)
+BOOT_SECONDS = 0.5
 
 
 class ApiError(Exception):
@@ -117,6 +119,7 @@ class ECSWorld:
 class Resource:
     fields: dict[str, Any]
     tags: dict[str, str] = field(default_factory=dict)
+    created: float = field(default_factory=time.monotonic)
 
 
 class ECSStandIn:
@@ -429,6 +432,7 @@ class ECSStandIn:
 
     def _2014_05_26_DescribeInstances(self, params: Mapping[str, Any]) -> dict[str, Any]:
         ids = json.loads(params["InstanceIds"]) if params.get("InstanceIds") else None
+        self._boot()
         found = []
         for instance_id, r in sorted(self.instances.items()):
             if (
@@ -437,8 +441,6 @@ class ECSStandIn:
                 and (not params.get("Status") or r.fields["Status"] == params["Status"])
             ):
                 found.append({**r.fields, **self._tags(r)})
-                if r.fields["Status"] == "Pending":  # the next look finds it booted
-                    r.fields["Status"] = "Running"
         size = int(params.get("MaxResults") or 10)
         start = int(params.get("NextToken") or 0)
         page = found[start : start + size]
@@ -448,6 +450,13 @@ class ECSStandIn:
             "TotalCount": len(found),
             "NextToken": str(start + size) if more else "",
         }
+
+    def _boot(self) -> None:
+        """An instance is Pending for its first BOOT_SECONDS, then Running."""
+        now = time.monotonic()
+        for r in self.instances.values():
+            if r.fields["Status"] == "Pending" and now - r.created >= BOOT_SECONDS:
+                r.fields["Status"] = "Running"
 
     def _2014_05_26_DescribeUserData(self, params: Mapping[str, Any]) -> dict[str, Any]:
         instance_id = str(params.get("InstanceId") or "")
