@@ -78,7 +78,7 @@ AUTH_CODES = frozenset(
 NOT_FOUND = "InvalidInstanceId.NotFound"
 LIVE_STATES = frozenset({"Pending", "Starting", "Running", "Stopping", "Stopped"})
 DEFAULT_SYSTEM_DISK = {"Category": "cloud_essd", "Size": "40"}  # TensorFusion's defaults
-PAGE = 100
+PAGE = 50  # instances per DescribeInstances page: the SDK builds its models on the event loop
 
 
 def classify(exc: Exception) -> CloudError:
