@@ -18,7 +18,7 @@ import yaml
 from extender.autoscaling.usage import StaticUsageSource
 from extender.cloud.nodeclass import parse_node_class
 from extender.cloud.provider import LaunchRequest
-from extender.cloud.vendor import parse_vendor
+from extender.cloud.vendor import VendorConfig, parse_vendor
 from extender.common.options import duration
 from extender.common.output import add_output_argument, json_lines, table, yaml_document
 from extender.common.progress import Progress
@@ -27,6 +27,7 @@ from extender.common.yamlio import YAMLFileError
 from extender.controllers.capacity.compaction_plan import plan_compaction
 from extender.controllers.capacity.config import DEFAULT_CLUSTER_NAME
 from extender.controllers.capacity.launch_plan import LaunchPayload, plan_launches, plan_provisioned_launches
+from extender.controllers.capacity.vendors import VendorChoice, pool_vendor
 from extender.controllers.defrag.plan import plan_defrag
 from extender.planning.action import Planner, plan
 from extender.planning.amounts import CapacityError
@@ -83,8 +84,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also plan defragmentation: the evictions a run would make now in pools that "
                              "enable it, and the candidate nodes it would leave as they are")
     parser.add_argument("--computing-vendor", metavar="FILE.yaml", default=None,
-                        help="Provisioned pools: the computingVendor (as for serve), when the snapshot has "
-                             "no TensorFusionCluster; each launch then prints the exact cloud request")
+                        help="Provisioned pools: the computingVendor (as for serve) of pools no "
+                             "TensorFusionCluster of the snapshot owns, or whose cluster has none; each "
+                             "launch then prints the exact cloud request")
     parser.add_argument("--cluster-name", default=DEFAULT_CLUSTER_NAME,
                         help="Provisioned pools: the cluster tag of the VMs "
                              f"(default {DEFAULT_CLUSTER_NAME})")
@@ -134,22 +136,31 @@ def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = Non
         inputs = snapshot_inputs(objects, now=now, catalog=catalog, protection_seconds=args.protection_time)
         if planners is None:
             planners = [*DEFAULT_PLANNERS, *([plan_defrag] if getattr(args, "defrag", False) else [])]
-        vendor_raw: Any = next(((o.get("spec") or {}).get("computingVendor") for o in objects
-                                if _kind(o) == "TensorFusionCluster"), None)
+        # as serve: a pool's own TensorFusionCluster's computingVendor, else the file
+        fallback: VendorChoice | None = None
         if getattr(args, "computing_vendor", None):
             try:
                 with open(args.computing_vendor, encoding="utf-8") as handle:
-                    vendor_raw = yaml.safe_load(handle)
+                    raw = yaml.safe_load(handle)
             except (OSError, yaml.YAMLError) as exc:
                 print(f"{prog}: {exc}", file=sys.stderr)
                 return 2
+            if isinstance(raw, dict) and "computingVendor" in raw:
+                raw = raw["computingVendor"]
+            fallback = VendorChoice(parse_vendor(raw, "computingVendor"),
+                                    f"--computing-vendor {args.computing_vendor}")
+        clusters = {object_name(o): o for o in objects if _kind(o) == "TensorFusionCluster"}
+        pools = {object_name(o): o for o in objects if _kind(o) == "GPUPool"}
         classes = {object_name(o): o for o in objects if _kind(o) == "GPUNodeClass"}
         progress.begin("planning")
         rows = []
         for action in plan(inputs, planners):
             line = action.as_json()
             if action.action == "launch" and action.payload.config.launches_vms:
-                line["cloudRequest"] = cloud_request(action.payload, classes, vendor_raw,
+                name = action.payload.config.name
+                pool = pools.get(name) or {"metadata": {"name": name}}
+                line["cloudRequest"] = cloud_request(action.payload, classes,
+                                                     pool_vendor(pool, clusters, fallback).config,
                                                      getattr(args, "cluster_name", DEFAULT_CLUSTER_NAME))
             rows.append(line)
         entries: list[dict[str, Any]] = []
@@ -246,7 +257,7 @@ def cloud_request(payload: LaunchPayload, classes: dict[str, dict[str, Any]], ve
     if obj is None:
         return {"error": f"GPUNodeClass {config.gpu_node_class!r} is not in the snapshot"}
     node_class = parse_node_class(obj)
-    vendor = parse_vendor(vendor_raw)
+    vendor = vendor_raw if isinstance(vendor_raw, VendorConfig) else parse_vendor(vendor_raw)
     if node_class.problems or vendor.problems:
         return {"error": "; ".join((*node_class.problems, *vendor.problems))}
     offer = payload.launch.offering

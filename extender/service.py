@@ -142,6 +142,10 @@ def build_controller_caches(api_client: client.ApiClient, settings: Settings) ->
     caches: dict[str, WatchCache] = {}
     if settings.expansion.enabled or settings.capacity.enabled:
         caches["nodeclaims"] = WatchCache(api_client, resources.NODECLAIMS, optional=True, name="nodeclaims")
+    if settings.capacity.enabled or settings.tfcluster.enabled:
+        # the TensorFusionCluster controller derives pools from them; Provisioned pools read their vendor
+        caches["tensorfusionclusters"] = WatchCache(api_client, resources.TENSOR_FUSION_CLUSTERS,
+                                                    optional=True, name="tensorfusionclusters")
     if settings.gpu_nodes.enabled or settings.capacity.enabled:
         # the GPUNode writer keeps them; compaction reads their phase and age
         caches["gpunodes"] = WatchCache(api_client, resources.GPU_NODES, optional=True, name="gpunodes")
@@ -201,10 +205,12 @@ class ExtenderService:
             settings.capacity, api_client, self.state, nodes=self.caches["nodes"],
             pools=self.caches["gpupools"], pods=self.caches["pods"], recorder=self.recorder,
             registry=self.metrics.registry, ready=self._all_synced, leader=self._leadership(),
-            nodeclaims=nodeclaims, gpunodes=self.controller_caches.get("gpunodes"))
+            nodeclaims=nodeclaims, gpunodes=self.controller_caches.get("gpunodes"),
+            clusters=self.controller_caches.get("tensorfusionclusters"))
             if settings.capacity.enabled else None)
         self.tfclusters = (TFClusterController(settings.tfcluster, api_client, pools=self.caches["gpupools"],
-                                               recorder=self.recorder, leader=self._leadership())
+                                               recorder=self.recorder, leader=self._leadership(),
+                                               clusters=self.controller_caches.get("tensorfusionclusters"))
                            if settings.tfcluster.enabled else None)
         gpunodes = self.controller_caches.get("gpunodes")
         self.gpunode_writer = (GPUNodeWriter(settings.gpu_nodes, self.state, KubeGPUNodeApi(api_client),

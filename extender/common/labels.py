@@ -75,6 +75,10 @@ CLOUD_TAG_NODE_CLASS = key("node-class")
 CLOUD_TAG_CLUSTER = key("cluster")
 # On a GPUNodeClaim of a Provisioned pool: terminate the VM (and delete the Node) before the claim goes.
 PROVISIONED_FINALIZER = key("provisioned-node")
+# On a GPUNodeClaim of a Provisioned pool: the computingVendor its VM was bought through (JSON, no secrets:
+# the type, region, endpoint and key file paths), so its VM is terminated even when its pool and the
+# TensorFusionCluster are gone (a deleted cluster takes its pools, and they their claims).
+COMPUTING_VENDOR = key("computing-vendor")
 
 # --- ours: helper pods (Cluster Autoscaler placeholders, GPU reservations) ----------------------------------
 PLACEHOLDER_LABEL = key("placeholder")

@@ -394,6 +394,46 @@ def test_tensorfusion_default_objects(helm):
     )
 
 
+VENDOR_SECRET = "tf-cloud-vendor-credentials"
+VENDOR_KEYS = ("--set", "cloudVendorCredentials.accessKey=AKIA-INSTALL",
+               "--set", "cloudVendorCredentials.secretKey=secret-install")
+
+
+def test_cloud_vendor_credentials_secret_and_mount(helm):
+    """TensorFusion's Secret (ak, sk) only with real keys; mounted read-only and optional into the extender,
+    at /tmp/secret unless told."""
+    defaults = render(helm)
+    assert not [o for o in defaults if o["kind"] == "Secret" and o["metadata"]["name"] == VENDOR_SECRET]
+    ext = _container(defaults, "Deployment", "tensor-fusion-scheduler", "extender")
+    assert {"name": "cloud-vendor-credentials", "mountPath": "/tmp/secret", "readOnly": True} in ext[
+        "volumeMounts"]
+    pod = _find(defaults, "Deployment", "tensor-fusion-scheduler")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "cloud-vendor-credentials")
+    assert volume["secret"] == {"secretName": VENDOR_SECRET, "optional": True}
+    scheduler = _container(defaults, "Deployment", "tensor-fusion-scheduler", "kube-scheduler")
+    assert all(m["name"] != "cloud-vendor-credentials" for m in scheduler.get("volumeMounts") or []), (
+        "only the extender runs the capacity controllers")
+
+    objs = render(helm, *VENDOR_KEYS, "--set", "cloudVendorCredentials.mountPath=/etc/cloud")
+    secret = _find(objs, "Secret", VENDOR_SECRET)
+    assert secret["metadata"]["namespace"] == NS
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == {
+        "ak": "AKIA-INSTALL", "sk": "secret-install"}
+    mounts = _container(objs, "Deployment", "tensor-fusion-scheduler", "extender")["volumeMounts"]
+    assert {"name": "cloud-vendor-credentials", "mountPath": "/etc/cloud", "readOnly": True} in mounts
+
+    for sets, message in (
+        (("--set", "cloudVendorCredentials.accessKey=dummy",
+          "--set", "cloudVendorCredentials.secretKey=dummy"),
+         "\"dummy\" is TensorFusion's placeholder"),
+        (("--set", "cloudVendorCredentials.accessKey=AKIA-ONLY"), "set both accessKey and secretKey"),
+        (("--set", "cloudVendorCredentials.mountPath=relative"), "at '/cloudVendorCredentials/mountPath'"),
+    ):
+        failed = _run(helm, "template", RELEASE, CHART, *sets, check=False)
+        assert failed.returncode != 0 and message in failed.stderr, failed.stderr
+
+
 def test_placement_defaults(helm):
     objs = render(
         helm,
@@ -549,6 +589,7 @@ def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):
         "--no-hooks",
         "--set",
         "clusterAutoscaler.provider=aws",
+        *VENDOR_KEYS,
         kubeconfig=kc,
     )
     assert "STATUS: deployed" in out.stdout
@@ -563,7 +604,7 @@ def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):
         )
         if d
     ]
-    expected = render(helm, "--set", "karpenter.nodeOverlay=true")  # what the lookup chose
+    expected = render(helm, "--set", "karpenter.nodeOverlay=true", *VENDOR_KEYS)  # what the lookup chose
     assert {_key(o) for o in installed} == {_key(o) for o in expected if not _is_hook(o)}
     defaults = [
         ("schedulingconfigtemplates", cpl.TF_GROUP, cpl.TF_VERSION, "tf-scheduling-config"),
@@ -725,6 +766,10 @@ def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):
         "extender.maxPodsPerNode=128",
         "--set",
         "webhook.replicas=3",
+        "--set",
+        "cloudVendorCredentials.accessKey=AKIA-UPGRADE",
+        "--set",
+        "cloudVendorCredentials.secretKey=secret-upgrade",
         kubeconfig=kc,
     )
     assert "STATUS: deployed" in out.stdout and "REVISION: 2" in out.stdout
@@ -733,6 +778,14 @@ def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):
     assert "--max-pods-per-node=128" in next(c for c in sched.containers if c.name == "extender").command
     config = admission.read_mutating_webhook_configuration("tensor-fusion-webhook")
     assert base64.b64decode(config.webhooks[0].client_config.ca_bundle) == ca_pem
+    # the cloud keys: written at install; an existing Secret is never overwritten (edit it to rotate), and
+    # leaving it out of the upgrade's manifest does not delete it (resource-policy keep)
+    assert _secret_keys(core) == {"ak": "AKIA-INSTALL", "sk": "secret-install"}
+    core.patch_namespaced_secret(VENDOR_SECRET, NS, {"stringData": {"ak": "AKIA-BY-HAND"}})
+    out = _run(helm, "upgrade", RELEASE, CHART, "--namespace", NS, "--no-hooks", "--reuse-values",
+               kubeconfig=kc)
+    assert "REVISION: 3" in out.stdout
+    assert _secret_keys(core) == {"ak": "AKIA-BY-HAND", "sk": "secret-install"}
     upgraded = _run_hook(cp, _hook_objects(helm, kc))  # the pre-upgrade hook keeps what is valid
     assert "reused the CA" in upgraded and "kept Secret" in upgraded
 
@@ -756,16 +809,23 @@ def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):
         assert custom.get_cluster_custom_object(group, version, plural, name)["metadata"]["name"] == name
     assert client.ApiextensionsV1Api(api).read_custom_resource_definition("gpus.tensor-fusion.ai")
     assert _run(helm, "list", "--namespace", NS, "-q", kubeconfig=kc).stdout.strip() == ""
+    assert _secret_keys(core) == {"ak": "AKIA-BY-HAND", "sk": "secret-install"}, "kept on uninstall"
     # Another release (or TensorFusion's chart) on a cluster that has these objects leaves them to their
     # owner instead of failing on a name clash: here they carry release tfe's annotations.
     other = _run(helm, "install", "other", CHART, "--namespace", NS, "--dry-run=server", "--no-hooks",
-                 kubeconfig=kc)
+                 *VENDOR_KEYS, kubeconfig=kc)
     rendered = [d for d in yaml.safe_load_all(other.stdout.split("NOTES:")[0].split("MANIFEST:")[-1]) if d]
     kinds = {o["kind"] for o in rendered}
     assert "Deployment" in kinds, kinds
     assert not kinds & {"TensorFusionCluster", "SchedulingConfigTemplate", "NodeOverlay"}, kinds
+    assert not [o for o in rendered if o["kind"] == "Secret" and o["metadata"]["name"] == VENDOR_SECRET]
     with contextlib.suppress(Exception):
         api.close()
+
+
+def _secret_keys(core: Any) -> dict[str, str]:
+    secret = core.read_namespaced_secret(VENDOR_SECRET, NS)
+    return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
 
 
 def test_another_namespace_reaches_every_namespaced_reference(helm):

@@ -512,3 +512,102 @@ def test_a_pool_whose_node_class_does_not_exist_says_so(
     )
     assert cond["reason"] == "NodeClassNotFound" and pool in cond["message"]
     assert not claims_of(api_client, pool)
+
+
+# Last in the module: the only test without --computing-vendor (the extender restarts once for it).
+def test_a_pool_derived_from_a_tensorfusioncluster_buys_through_its_computing_vendor_and_cleans_up_after_it(
+    cluster: Any,
+    webhook: Any,
+    extender_runner: cpl.ExtenderRunner,
+    api_client: Any,
+    ec2: Any,
+    vendor_file: str,
+) -> None:
+    """No --computing-vendor: the pool's VMs go through its TensorFusionCluster's spec.computingVendor. When
+    the cluster is deleted, the garbage collector takes its pool and the pool its claim, and the claim's
+    finalizer still terminates the VM, through the vendor the claim recorded."""
+    _, proxy, world = ec2
+    extender_runner.ensure(
+        capacity_interval=1,
+        node_protection_time=PROTECTION,
+        cluster_name=CLUSTER,
+        node_join_timeout=JOIN_TIMEOUT,
+        orphan_grace=ORPHAN_GRACE,
+        capacity_error_backoff=120,
+        tensorfusion_cluster_interval=1,
+    )
+    custom = client.CustomObjectsApi(api_client)
+    name = f"tfc-{uuid.uuid4().hex[:6]}"
+    pool = f"{name}-gpu"
+    cpl.create_cluster_object(api_client, "gpunodeclasses", node_class_body(pool, world))
+    with open(vendor_file, encoding="utf-8") as handle:
+        vendor = yaml.safe_load(handle)
+    template = {
+        "capacityConfig": {"minResources": {"tflops": "1"}},
+        "nodeManagerConfig": {
+            "provisioningMode": "Provisioned",
+            "nodeProvisioner": {
+                "nodeClass": pool,
+                "gpuRequirements": [
+                    {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["g5.xlarge"]},
+                    {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-east-1a"]},
+                ],
+            },
+        },
+    }
+    cpl.create_cluster_object(
+        api_client,
+        "tensorfusionclusters",
+        {
+            "apiVersion": f"{cpl.TF_GROUP}/{cpl.TF_VERSION}",
+            "kind": "TensorFusionCluster",
+            "metadata": {"name": name},
+            "spec": {"computingVendor": vendor, "gpuPools": [{"name": "gpu", "specTemplate": template}]},
+        },
+    )
+    boot = CloudInit(api_client, proxy.url)
+    claim_name = ""
+    try:
+        bound = cpl.wait_until(
+            lambda: (
+                [c for c in claims_of(api_client, pool) if (c.get("status") or {}).get("phase") == "Bound"]
+                or None
+            ),
+            90,
+            interval=1,
+            what="a Bound GPUNodeClaim of the derived pool",
+        )
+        claim = bound[0]
+        claim_name = claim["metadata"]["name"]
+        mine = [i["InstanceId"] for i in live(proxy, **{CLAIM_TAG: claim_name})]
+        assert mine == [claim["status"]["instanceID"]]
+        text = claim["metadata"]["annotations"]["tensor-fusion.ai/computing-vendor"]
+        assert yaml.safe_load(text)["params"]["extraParams"]["endpoint"] == proxy.url
+        assert cloud.SECRET_KEY not in text and cloud.ACCESS_KEY not in text, "paths are recorded, not keys"
+        cond = cpl.wait_until(lambda: (c := condition(api_client, pool)) and c["status"] == "True" and c, 30)
+        assert f"TensorFusionCluster {name} spec.computingVendor" in cond["message"]
+
+        # the cluster goes: its pool, then the claim, follow (garbage collector); the VM is terminated
+        custom.delete_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "tensorfusionclusters", name)
+        cpl.wait_until(lambda: not claims_of(api_client, pool), 90, interval=1, what="the claim released")
+        assert not live(proxy, **{CLAIM_TAG: claim_name}), "the VM is terminated"
+    finally:
+        boot.stop()
+        with contextlib.suppress(ApiException):
+            custom.delete_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "tensorfusionclusters", name)
+        with contextlib.suppress(ApiException):
+            custom.delete_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "gpupools", pool)
+        for left in claims_of(api_client, pool):
+            with contextlib.suppress(ApiException):
+                custom.patch_cluster_custom_object(
+                    cpl.TF_GROUP, cpl.TF_VERSION, "gpunodeclaims", left["metadata"]["name"],
+                    {"metadata": {"finalizers": None}},
+                )
+                custom.delete_cluster_custom_object(
+                    cpl.TF_GROUP, cpl.TF_VERSION, "gpunodeclaims", left["metadata"]["name"]
+                )
+        for node in client.CoreV1Api(api_client).list_node(label_selector=f"{POOL_LABEL}={pool}").items:
+            with contextlib.suppress(ApiException):
+                client.CoreV1Api(api_client).delete_node(node.metadata.name)
+        with contextlib.suppress(ApiException):
+            custom.delete_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "gpunodeclasses", pool)

@@ -130,7 +130,8 @@ def test_serve_runs_every_enabled_loop_once_with_one_nodeclaim_watch() -> None:
     names = [c.name for c in service.controllers()]
     assert names == [
         "watch-nodes", "watch-pods", "watch-gpupools", "watch-schedulingconfigtemplates", "watch-gpus",
-        "watch-poddisruptionbudgets", "watch-nodeclaims", "watch-gpunodes", "leader", "preemptor", "expander",
+        "watch-poddisruptionbudgets", "watch-nodeclaims", "watch-tensorfusionclusters", "watch-gpunodes",
+        "leader", "preemptor", "expander",
         "defrag", "gpu-reservations", "capacity", "tensorfusioncluster", "gpunodes", "scheduler-nudge",
         "gc-freeze"]
     # compaction reads the GPUNodes the writer keeps: one cache
@@ -144,6 +145,10 @@ def test_serve_runs_every_enabled_loop_once_with_one_nodeclaim_watch() -> None:
     assert service.capacity.view.nodeclaims is claims
     assert claims not in service.expander.port.caches  # type: ignore[attr-defined]
     assert claims not in service.capacity.view.owned_caches
+    # the TensorFusionCluster controller and the Provisioned launcher (its vendor) read one cluster cache
+    clusters = service.controller_caches["tensorfusionclusters"]
+    assert service.tfclusters is not None and service.tfclusters.clusters is clusters
+    assert service.capacity.clusters is clusters and service.capacity.provisioned.clusters is clusters
 
 
 def test_without_cluster_wide_controllers_no_leader_is_elected() -> None:

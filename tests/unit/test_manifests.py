@@ -127,7 +127,13 @@ def test_scheduler_deployment_matches_config(sched_cfg):
     assert "--port=8080" in extender["command"] and "--bind-address=127.0.0.1" in extender["command"]
     assert extender["ports"] == [{"name": "metrics", "containerPort": 9090}]  # the verbs: loopback only
     assert spec["serviceAccountName"] == "tensor-fusion-scheduler"
-    assert spec["volumes"] == [{"name": "config", "configMap": {"name": "tensor-fusion-scheduler-config"}}]
+    assert spec["volumes"] == [
+        {"name": "config", "configMap": {"name": "tensor-fusion-scheduler-config"}},
+        # Provisioned mode's cloud keys: TensorFusion's Secret and path; the pod starts without it
+        {"name": "cloud-vendor-credentials",
+         "secret": {"secretName": "tf-cloud-vendor-credentials", "optional": True}}]
+    assert extender["volumeMounts"] == [
+        {"name": "cloud-vendor-credentials", "mountPath": "/tmp/secret", "readOnly": True}]
 
 
 def test_kube_scheduler_is_pinned_once_at_the_version_the_tests_run():

@@ -117,6 +117,29 @@ def test_plan_without_a_vendor_says_why_there_is_no_request(
     assert "computingVendor" in launch["cloudRequest"]["error"]
 
 
+def test_plan_takes_a_derived_pools_vendor_from_its_cluster_and_the_file_for_the_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    vendor = tmp_path / "vendor.yaml"
+    vendor.write_text(yaml.safe_dump({"computingVendor": VENDOR}))
+    derived = provisioned_pool("c-p", minResources={"tflops": "150"})
+    derived["metadata"]["ownerReferences"] = [
+        {"apiVersion": "tensor-fusion.ai/v1", "kind": "TensorFusionCluster", "name": "c", "uid": "u"}]
+    cluster = {"apiVersion": "tensor-fusion.ai/v1", "kind": "TensorFusionCluster", "metadata": {"name": "c"},
+               "spec": {"computingVendor": {"type": "aws", "params": {}}}}  # no region: an error naming it
+    lines = run_plan(
+        tmp_path,
+        [NODE_CLASS, cluster, derived, provisioned_pool("mine", minResources={"tflops": "150"})],
+        "--computing-vendor",
+        str(vendor),
+        capsys=capsys,
+    )
+    launches = {line["pool"]: line for line in lines if line["action"] == "launch"}
+    assert "TensorFusionCluster c spec.computingVendor.params.defaultRegion: required" in launches["c-p"][
+        "cloudRequest"]["error"]
+    assert launches["mine"]["cloudRequest"]["operation"] == "RunInstances"
+
+
 def test_compaction_releases_an_empty_vm_by_deleting_its_claim() -> None:
     claim = {
         "apiVersion": "tensor-fusion.ai/v1",

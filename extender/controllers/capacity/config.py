@@ -67,9 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--catalog-configmap", default=None, metavar="NAMESPACE/NAME",
                        help="a ConfigMap whose catalog.yaml extends the catalog; read on every reconcile")
     group.add_argument("--computing-vendor", dest="computing_vendor_file", default=None, metavar="FILE.yaml",
-                       help="Provisioned mode: the TensorFusionCluster's computingVendor (type aws or "
-                            "alibaba, params.defaultRegion, accessKeyPath/secretKeyPath, extraParams); "
-                            "read on every reconcile")
+                       help="Provisioned mode: the computingVendor (type aws or alibaba, "
+                            "params.defaultRegion, accessKeyPath/secretKeyPath, extraParams) of pools no "
+                            "TensorFusionCluster owns, or whose cluster has none (a derived pool uses its "
+                            "cluster's spec.computingVendor); read on every reconcile")
     group.add_argument("--cluster-name", default=DEFAULT_CLUSTER_NAME,
                        help="Provisioned mode: the tag tensor-fusion.ai/cluster on every VM; the orphan "
                             f"sweep terminates only VMs tagged with it (default {DEFAULT_CLUSTER_NAME})")

@@ -22,7 +22,7 @@ from extender.controllers.capacity.port import KubePort, LiveView, ObjectStore, 
 from extender.controllers.capacity.provisioned import ProvisionedLauncher, ProvisionedMetrics
 from extender.kube.events import EventRecorder
 from extender.kube.informer import WatchCache
-from extender.kube.resources import GPU_NODE_CLASSES
+from extender.kube.resources import GPU_NODE_CLASSES, TENSOR_FUSION_CLUSTERS
 from extender.planning.pool import ProvisioningMode, pool_config
 from extender.scheduling.state import ClusterState, FilterOutcome
 
@@ -39,7 +39,7 @@ class CapacityControllers:
                  nodes: ObjectStore, pools: ObjectStore, pods: ObjectStore, recorder: EventRecorder,
                  registry: CollectorRegistry, ready: Callable[[], Awaitable[None]],
                  leader: Leader | None = None, nodeclaims: WatchCache | None = None,
-                 gpunodes: ObjectStore | None = None) -> None:
+                 gpunodes: ObjectStore | None = None, clusters: WatchCache | None = None) -> None:
         self.config = config
         self.port = KubePort(api_client, recorder)
         self.view = LiveView(config, api_client, state, nodes=nodes, pools=pools, pods=pods, port=self.port,
@@ -48,8 +48,13 @@ class CapacityControllers:
         self.compactor = Compactor(self.view, self.port, CompactorMetrics(registry),
                                    config.manual_window_seconds)
         self.node_classes = WatchCache(api_client, GPU_NODE_CLASSES, optional=True, name="gpunodeclasses")
+        # TensorFusionClusters (a derived pool's computingVendor): the process's one cache when given (the
+        # TensorFusionCluster controller reads it too), else one of its own.
+        self._own_clusters = clusters is None
+        self.clusters = clusters or WatchCache(api_client, TENSOR_FUSION_CLUSTERS, optional=True,
+                                               name="tensorfusionclusters")
         self.provisioned = ProvisionedLauncher(config, self.view, self.port, self.node_classes,
-                                               ProvisionedMetrics(registry))
+                                               ProvisionedMetrics(registry), clusters=self.clusters)
         self.leader: Leader = leader or _ALWAYS
         self._ready = ready
         self._wake: asyncio.Event | None = None
@@ -57,7 +62,7 @@ class CapacityControllers:
 
     @property
     def caches(self) -> Sequence[WatchCache]:
-        return (*self.view.caches, self.node_classes)
+        return (*self.view.caches, self.node_classes, self.clusters)
 
     def wake(self) -> None:
         if self._wake is not None:
@@ -82,7 +87,9 @@ class CapacityControllers:
         self._wake = asyncio.Event()
         self.view.set_on_change(self.wake)
         self.node_classes.subscribe(lambda _t, _o: self.wake())
-        tasks = await run_caches((*self.view.owned_caches, self.node_classes))
+        self.clusters.subscribe(lambda _t, _o: self.wake())
+        own = (self.clusters,) if self._own_clusters else ()
+        tasks = await run_caches((*self.view.owned_caches, self.node_classes, *own))
         try:
             await self._ready()
             await asyncio.gather(*(c.synced.wait() for c in self.caches))

@@ -4,9 +4,11 @@ who buys the instance.
 
 Every reconcile:
 
-1. the provider: the ``computingVendor`` (file), its credentials and a connection test; on failure every
-   Provisioned pool's condition ``NodeProvisionerReady`` is False with the cloud's own message and nothing is
-   launched (claims being deleted still wait for their VMs);
+1. the providers: each Provisioned pool's ``computingVendor`` (its TensorFusionCluster's, else the
+   ``--computing-vendor`` file; see vendors.py), one provider per distinct vendor, each with its connection
+   test; a pool whose vendor fails has its condition ``NodeProvisionerReady`` False with the cloud's own
+   message (naming the cluster or file it came from) and gets nothing launched (claims being deleted still
+   wait for their VMs); providers no pool or claim uses any more are closed;
 2. each GPUNodeClaim of a Provisioned pool moves along Pending (created, carrying our finalizer) ->
    Creating (``status.instanceID``) -> Bound (a Node labelled ``tensor-fusion.ai/node-provisioner=<claim>``
    registered and its GPUs are in the inventory). A Pending claim's instance is created again, which finds
@@ -19,8 +21,8 @@ Every reconcile:
    VM. A capacity error (insufficient capacity, no spot, a quota) puts that offering aside for a back-off,
    with a Warning ``InsufficientCapacity`` event on the pool, and the pool is planned again: the next
    offering or zone;
-5. the orphan sweep: VMs tagged for this cluster that no GPUNodeClaim owns are terminated once older than
-   the grace period (Warning ``OrphanTerminated``).
+5. the orphan sweep, once per distinct provider: VMs tagged for this cluster that no GPUNodeClaim owns are
+   terminated once older than the grace period (Warning ``OrphanTerminated``).
 """
 
 from __future__ import annotations
@@ -48,7 +50,14 @@ from extender.cloud.provider import (
 )
 from extender.cloud.vendor import VendorConfig, parse_vendor
 from extender.common.contract import POOL_LABEL
-from extender.common.labels import GFD_COUNT, GFD_MEMORY, GFD_PRODUCT, NODE_PROVISIONER, PROVISIONED_FINALIZER
+from extender.common.labels import (
+    COMPUTING_VENDOR,
+    GFD_COUNT,
+    GFD_MEMORY,
+    GFD_PRODUCT,
+    NODE_PROVISIONER,
+    PROVISIONED_FINALIZER,
+)
 from extender.common.timefmt import parse_time
 from extender.controllers.capacity.config import CapacityConfig
 from extender.controllers.capacity.gpunodeclaim import (
@@ -60,7 +69,14 @@ from extender.controllers.capacity.gpunodeclaim import (
     label_value,
 )
 from extender.controllers.capacity.launch_plan import LaunchPayload, plan_launches
-from extender.controllers.capacity.port import KubePort, LiveView, write_condition
+from extender.controllers.capacity.port import KubePort, LiveView, ObjectStore, write_condition
+from extender.controllers.capacity.vendors import (
+    VendorChoice,
+    VendorKey,
+    claim_vendor,
+    pool_vendor,
+    recorded_text,
+)
 from extender.kube.client import error_message
 from extender.kube.informer import WatchCache
 from extender.kube.resources import GPU_NODE_CLAIMS, GPU_NODE_CLASSES, NODES
@@ -129,44 +145,44 @@ class ProvisionedLauncher:
         port: KubePort,
         node_classes: WatchCache,
         metrics: ProvisionedMetrics,
+        clusters: ObjectStore | None = None,
     ) -> None:
         self.config = config
         self.view = view
         self.port = port
         self.node_classes = node_classes
+        self.clusters = clusters  # TensorFusionClusters: where a derived pool's computingVendor comes from
         self.metrics = metrics
-        self.vendor: _Vendor | None = None
+        self.vendors: dict[VendorKey, _Vendor] = {}  # one provider per distinct computingVendor
         self._unavailable: dict[tuple[str, str, str], float] = {}  # offering -> monotonic end of back-off
         self._held: dict[str, tuple[float, str]] = {}  # pool -> (end of hold, why)
         self._checked: dict[str, float] = {}  # claim -> monotonic time its VM was last described
-        self._swept = 0.0
+        self._swept: dict[VendorKey, float] = {}
+        self._unfinalized: dict[str, str] = {}  # claim -> why its VM could not be terminated (reported)
 
-    # -- the provider -----------------------------------------------------------------------------------
+    # -- the providers ----------------------------------------------------------------------------------
 
-    def _vendor_config(self) -> VendorConfig:
-        if not self.config.computing_vendor_file:
-            return VendorConfig(
-                "", problems=("no computingVendor: start the extender with --computing-vendor",)
-            )
+    def _fallback(self) -> VendorChoice | None:
+        """The ``--computing-vendor`` file: for pools no TensorFusionCluster owns (None without the flag)."""
+        path = self.config.computing_vendor_file
+        if not path:
+            return None
+        source = f"--computing-vendor {path}"
         try:
-            with open(self.config.computing_vendor_file, encoding="utf-8") as handle:
+            with open(path, encoding="utf-8") as handle:
                 raw = yaml.safe_load(handle)
         except (OSError, yaml.YAMLError) as exc:
-            return VendorConfig(
-                "", problems=(f"--computing-vendor {self.config.computing_vendor_file}: {exc}",)
-            )
+            return VendorChoice(VendorConfig("", problems=(f"{source}: {exc}",)), source)
         if isinstance(raw, Mapping) and "computingVendor" in raw:
             raw = raw["computingVendor"]
-        return parse_vendor(raw, "computingVendor")
+        return VendorChoice(parse_vendor(raw, "computingVendor"), source)
 
-    async def provider(self) -> Provider | None:
-        """The working provider, or None with ``self.vendor.error`` saying why."""
-        config = self._vendor_config()
-        if self.vendor is None or self.vendor.config != config:
-            if self.vendor is not None and self.vendor.provider is not None:
-                await self.vendor.provider.close()
-            self.vendor = _Vendor(config)
-        vendor = self.vendor
+    async def provider(self, choice: VendorChoice) -> Provider | None:
+        """The working provider of a vendor, or None with its ``_Vendor.error`` saying why."""
+        config = choice.config
+        vendor = self.vendors.get(choice.key)
+        if vendor is None:
+            vendor = self.vendors[choice.key] = _Vendor(config)
         if config.problems:
             vendor.error, vendor.reason = "; ".join(config.problems), "InvalidVendorConfig"
             return None
@@ -180,17 +196,29 @@ class ProvisionedLauncher:
                 vendor.provider = make_provider(config)
             await vendor.provider.test_connection()
         except CloudError as exc:
-            self._failed(exc)
+            self._failed(exc, vendor)
             vendor.error, vendor.reason = f"{config.type}: {exc}", "ConnectionFailed"
-            log.warning("cloud connection test failed", extra={"vendor": config.type, "error": str(exc)})
+            log.warning("cloud connection test failed",
+                        extra={"vendor": config.type, "source": choice.source, "error": str(exc)})
             return None
         vendor.error, vendor.reason = "", ""
-        log.info("cloud connection ready", extra={"vendor": config.type, "region": config.region})
+        log.info("cloud connection ready",
+                 extra={"vendor": config.type, "region": config.region, "source": choice.source})
         return vendor.provider
 
-    def _failed(self, exc: CloudError) -> None:
+    async def _close_unused(self, used: set[VendorKey]) -> None:
+        for key in [k for k in self.vendors if k not in used]:
+            vendor = self.vendors.pop(key)
+            self._swept.pop(key, None)
+            if vendor.provider is not None:
+                try:
+                    await vendor.provider.close()
+                except Exception as exc:
+                    log.warning("cloud client not closed", extra={"vendor": vendor.config.type,
+                                                                   "error": str(exc)})
+
+    def _failed(self, exc: CloudError, vendor: _Vendor | None) -> None:
         """Count the error; a credentials error stops launches until the next connection test passes."""
-        vendor = self.vendor
         if vendor is None:
             return
         self.metrics.errors.labels(vendor.config.type, _kind(exc)).inc()
@@ -198,45 +226,65 @@ class ProvisionedLauncher:
             vendor.error, vendor.reason = f"{vendor.config.type}: {exc}", "ConnectionFailed"
             vendor.tested_at = time.monotonic()
 
+    def _problem(self, choice: VendorChoice) -> tuple[str, str]:
+        """A pool's condition when its vendor has no working provider: the reason, and a message naming
+        where the vendor came from (the TensorFusionCluster and field, or the file)."""
+        vendor = self.vendors[choice.key]
+        if vendor.reason == "InvalidVendorConfig":
+            return vendor.reason, vendor.error  # parse_vendor's problems name the cluster and the field
+        return vendor.reason or "ConnectionFailed", f"{choice.source}: {vendor.error}"
+
     # -- reconcile --------------------------------------------------------------------------------------
 
     async def reconcile(self, now: dt.datetime) -> list[Action]:
-        configs = [c for c in (pool_config(p) for p in self.view.pools.list()) if c.launches_vms]
+        pools = {object_name(p): p for p in self.view.pools.list()}
+        configs = [c for c in (pool_config(p) for p in pools.values()) if c.launches_vms]
         claims = [c for c in self.view.gpunodeclaims.list() if is_provisioned_claim(c)]
         if not configs and not claims and not self.config.computing_vendor_file:
+            await self._close_unused(set())
             return []  # no Provisioned pool and no cloud: nothing to do (with a cloud, the orphan sweep runs)
-        provider = await self.provider()
+        clusters = {object_name(c): c for c in (self.clusters.list() if self.clusters is not None else [])}
+        fallback = self._fallback()
+        pool_choice = {c.name: pool_vendor(pools[c.name], clusters, fallback) for c in configs}
+        claim_choice = {object_name(c): claim_vendor(c, pools.get(_pool_of(c)), clusters, fallback)
+                        for c in claims}
+        wanted: dict[VendorKey, VendorChoice] = {}
+        for choice in [*pool_choice.values(), *claim_choice.values(), *([fallback] if fallback else [])]:
+            wanted.setdefault(choice.key, choice)
+        providers = {key: await self.provider(choice) for key, choice in wanted.items()}
+        await self._close_unused(set(wanted))
         for claim in claims:
             meta = claim.get("metadata") or {}
             if meta.get("deletionTimestamp") and PROVISIONED_FINALIZER in (meta.get("finalizers") or []):
-                await self._finalize(claim, provider)
-        actions: list[Action] = []
+                choice = claim_choice[object_name(claim)]
+                await self._finalize(claim, choice, providers[choice.key])
         problems: dict[str, tuple[str, str]] = {}
-        if provider is None:
-            assert self.vendor is not None
-            problems = {c.name: (self.vendor.reason, self.vendor.error) for c in configs}
-        else:
-            by_pool = {c.name: c for c in configs}
-            for claim in claims:
-                config = by_pool.get(str(((claim.get("metadata") or {}).get("labels") or {}).get(POOL_LABEL)))
-                if config is not None and not (claim.get("metadata") or {}).get("deletionTimestamp"):
-                    await self._sync(claim, config, provider, now)
-            classes: dict[str, NodeClass] = {}
-            for config in configs:
-                problem = self._node_class_problem(config, classes)
-                if (
-                    problem is None
-                    and config.name in self._held
-                    and self._held[config.name][0] > time.monotonic()
-                ):
-                    problem = ("LaunchFailed", self._held[config.name][1])
-                if problem is not None:
-                    problems[config.name] = problem
-            ready = [c for c in configs if c.name not in problems]
-            actions = await self._launches(ready, classes, provider, now, problems)
-            await self._sweep(provider, now)
         for config in configs:
-            await self._condition(config, problems.get(config.name))
+            if providers[pool_choice[config.name].key] is None:
+                problems[config.name] = self._problem(pool_choice[config.name])
+        by_pool = {c.name: c for c in configs if c.name not in problems}
+        for claim in claims:
+            owner = by_pool.get(_pool_of(claim))
+            choice = claim_choice[object_name(claim)]
+            provider = providers[choice.key]
+            if owner is not None and provider is not None and \
+                    not (claim.get("metadata") or {}).get("deletionTimestamp"):
+                await self._sync(claim, owner, choice, provider, now)
+        classes: dict[str, NodeClass] = {}
+        for config in by_pool.values():
+            problem = self._node_class_problem(config, classes)
+            held = self._held.get(config.name)
+            if problem is None and held is not None and held[0] > time.monotonic():
+                problem = ("LaunchFailed", held[1])
+            if problem is not None:
+                problems[config.name] = problem
+        ready = [c for c in configs if c.name not in problems]
+        actions = await self._launches(ready, classes, pool_choice, providers, now, problems)
+        for key, provider in providers.items():
+            if provider is not None:
+                await self._sweep(key, provider, now)
+        for config in configs:
+            await self._condition(config, pool_choice[config.name], problems.get(config.name))
         return actions
 
     def _node_class_problem(
@@ -261,7 +309,8 @@ class ProvisionedLauncher:
         self,
         configs: list[PoolConfig],
         classes: Mapping[str, NodeClass],
-        provider: Provider,
+        choices: Mapping[str, VendorChoice],
+        providers: Mapping[VendorKey, Provider | None],
         now: dt.datetime,
         problems: dict[str, tuple[str, str]],
     ) -> list[Action]:
@@ -289,15 +338,20 @@ class ProvisionedLauncher:
                         pool, str(action.details.get("event") or "Skipped"), action.reason, "Warning"
                     )
                 elif action.action == "launch":
-                    outcome = await self._launch(action, pool, classes[action.pool], provider, problems)
+                    choice = choices[action.pool]
+                    provider = providers[choice.key]
+                    if provider is None:  # not planned: its pool has a problem
+                        continue
+                    outcome = await self._launch(action, pool, classes[action.pool], choice, provider,
+                                                 problems)
                     replan = replan or outcome == "capacity"
             if not replan:
                 break
         return done
 
-    def _request(self, claim: Mapping[str, Any], config: PoolConfig, node_class: NodeClass) -> LaunchRequest:
+    def _request(self, claim: Mapping[str, Any], config: PoolConfig, node_class: NodeClass,
+                 vendor: VendorConfig) -> LaunchRequest:
         spec = claim.get("spec") or {}
-        assert self.vendor is not None
         return LaunchRequest(
             claim=object_name(claim),
             pool=config.name,
@@ -305,7 +359,7 @@ class ProvisionedLauncher:
             instance_type=str(spec.get("instanceType") or ""),
             capacity_type=str(spec.get("capacityType") or "on-demand"),
             zone=str(spec.get("zone") or ""),
-            region=str(spec.get("region") or self.vendor.config.region),
+            region=str(spec.get("region") or vendor.region),
             node_class=node_class,
             extra={str(k): str(v) for k, v in (spec.get("extraParams") or {}).items()},
         )
@@ -315,6 +369,7 @@ class ProvisionedLauncher:
         action: Action,
         pool: Mapping[str, Any],
         node_class: NodeClass,
+        choice: VendorChoice,
         provider: Provider,
         problems: dict[str, tuple[str, str]],
     ) -> str:
@@ -325,6 +380,7 @@ class ProvisionedLauncher:
             name = claim_name(payload.config.name)
             body = gpunodeclaim_body(payload.config, offer, name)
             body["metadata"]["finalizers"] = [PROVISIONED_FINALIZER]
+            body["metadata"]["annotations"][COMPUTING_VENDOR] = recorded_text(choice.config)
             body["spec"]["nodeClassRef"] = {
                 "group": GPU_NODE_CLASSES.group,
                 "kind": GPU_NODE_CLASS_KIND,
@@ -338,7 +394,8 @@ class ProvisionedLauncher:
                 self.port.record(pool, "GPUNodeClaimCreationFailed", message, "Warning")
                 return "failed"
             self.view.remember(name, {**claim, "status": {"phase": PENDING}})
-            outcome = await self._create_instance(claim, payload.config, node_class, provider, pool, problems)
+            outcome = await self._create_instance(claim, payload.config, node_class, choice, provider, pool,
+                                                  problems)
             if outcome != "ok":
                 return outcome
         return "ok"
@@ -348,16 +405,17 @@ class ProvisionedLauncher:
         claim: Mapping[str, Any],
         config: PoolConfig,
         node_class: NodeClass,
+        choice: VendorChoice,
         provider: Provider,
         pool: Mapping[str, Any],
         problems: dict[str, tuple[str, str]],
     ) -> str:
-        request = self._request(claim, config, node_class)
+        request = self._request(claim, config, node_class, choice.config)
         name = request.claim
         try:
             instance = await provider.create(request)
         except CloudError as exc:
-            self._failed(exc)
+            self._failed(exc, self.vendors.get(choice.key))
             offering = (request.instance_type, request.capacity_type, request.zone)
             if isinstance(exc, CapacityUnavailable):
                 self._unavailable[offering] = time.monotonic() + self.config.capacity_backoff_seconds
@@ -425,7 +483,8 @@ class ProvisionedLauncher:
         return None
 
     async def _sync(
-        self, claim: dict[str, Any], config: PoolConfig, provider: Provider, now: dt.datetime
+        self, claim: dict[str, Any], config: PoolConfig, choice: VendorChoice, provider: Provider,
+        now: dt.datetime,
     ) -> None:
         name, phase = object_name(claim), claim_phase(claim)
         instance_id = str((claim.get("status") or {}).get("instanceID") or "")
@@ -437,7 +496,7 @@ class ProvisionedLauncher:
             node_class = parse_node_class(obj) if obj is not None else None
             if node_class is None or node_class.problems:
                 return
-            await self._create_instance(claim, config, node_class, provider, pool, {})
+            await self._create_instance(claim, config, node_class, choice, provider, pool, {})
             return
         node = self._node_of(name)
         if node is not None:
@@ -453,7 +512,7 @@ class ProvisionedLauncher:
         try:
             instance = await provider.describe(instance_id)
         except CloudError as exc:
-            self._failed(exc)
+            self._failed(exc, self.vendors.get(choice.key))
             log.warning("VM not described", extra={"claim": name, "error": str(exc)})
             return
         if instance is None or instance.gone:
@@ -509,15 +568,21 @@ class ProvisionedLauncher:
 
     # -- deletion ---------------------------------------------------------------------------------------
 
-    async def _finalize(self, claim: Mapping[str, Any], provider: Provider | None) -> None:
+    async def _finalize(
+        self, claim: Mapping[str, Any], choice: VendorChoice, provider: Provider | None
+    ) -> None:
         name = object_name(claim)
         if provider is None:
-            assert self.vendor is not None
-            log.warning(
-                "VM of a deleted claim not terminated: no cloud connection",
-                extra={"claim": name, "error": self.vendor.error},
-            )
+            vendor = self.vendors.get(choice.key)
+            why = (vendor.error if vendor is not None and vendor.error else "no cloud connection")
+            message = (f"{name}: its VM is not terminated yet and the finalizer {PROVISIONED_FINALIZER} "
+                       f"stays: {choice.source}: {why}")
+            log.warning("VM of a deleted claim not terminated", extra={"claim": name, "error": message})
+            if self._unfinalized.get(name) != message:
+                self._unfinalized[name] = message
+                self.port.record(dict(claim), "InstanceNotTerminated", message, "Warning")
             return
+        self._unfinalized.pop(name, None)
         instance_id = str((claim.get("status") or {}).get("instanceID") or "")
         try:
             live: list[Instance] = []
@@ -533,7 +598,7 @@ class ProvisionedLauncher:
                 self.metrics.terminated.labels("deleted").inc()
                 log.info("VM terminated", extra={"claim": name, "instance": instance.id})
         except CloudError as exc:
-            self._failed(exc)
+            self._failed(exc, self.vendors.get(choice.key))
             log.warning("VM not terminated", extra={"claim": name, "error": str(exc)})
             return
         if live:
@@ -559,16 +624,17 @@ class ProvisionedLauncher:
         self._checked.pop(name, None)
         log.info("GPUNodeClaim released", extra={"claim": name, "instance": instance_id or None})
 
-    async def _sweep(self, provider: Provider, now: dt.datetime) -> None:
+    async def _sweep(self, key: VendorKey, provider: Provider, now: dt.datetime) -> None:
+        """Once per distinct provider: the VMs tagged for this cluster that no GPUNodeClaim owns."""
         grace = self.config.orphan_grace_seconds
         moment = time.monotonic()
-        if moment - self._swept < min(max(grace / 2, self.config.interval_seconds), 60.0):
+        if moment - self._swept.get(key, 0.0) < min(max(grace / 2, self.config.interval_seconds), 60.0):
             return
-        self._swept = moment
+        self._swept[key] = moment
         try:
             instances = await provider.list_managed(self.config.cluster_name)
         except CloudError as exc:
-            self._failed(exc)
+            self._failed(exc, self.vendors.get(key))
             return
         owned = {object_name(c) for c in self.view.gpunodeclaim_list()}
         for instance in instances:
@@ -579,7 +645,7 @@ class ProvisionedLauncher:
             try:
                 await provider.terminate(instance.id)
             except CloudError as exc:
-                self._failed(exc)
+                self._failed(exc, self.vendors.get(key))
                 continue
             self.metrics.terminated.labels("orphan").inc()
             pool_name = str(instance.tags.get(POOL_LABEL) or "")
@@ -594,19 +660,23 @@ class ProvisionedLauncher:
 
     # -- condition --------------------------------------------------------------------------------------
 
-    async def _condition(self, config: PoolConfig, problem: tuple[str, str] | None) -> None:
-        assert self.vendor is not None
+    async def _condition(self, config: PoolConfig, choice: VendorChoice,
+                         problem: tuple[str, str] | None) -> None:
         if problem is None:
             wanted = {
                 "type": CONDITION,
                 "status": "True",
                 "reason": "Ready",
-                "message": f"{self.vendor.config.type} {self.vendor.config.region}: connected; GPUNodeClass "
-                f"{config.gpu_node_class} is valid",
+                "message": f"{choice.config.type} {choice.config.region} ({choice.source}): connected; "
+                f"GPUNodeClass {config.gpu_node_class} is valid",
             }
         else:
             wanted = {"type": CONDITION, "status": "False", "reason": problem[0], "message": problem[1]}
         await write_condition(self.port, self.view.pools.get(config.name) or {}, config.name, wanted)
+
+
+def _pool_of(claim: Mapping[str, Any]) -> str:
+    return str(((claim.get("metadata") or {}).get("labels") or {}).get(POOL_LABEL) or "")
 
 
 def _time(claim: Mapping[str, Any]) -> dt.datetime | None:

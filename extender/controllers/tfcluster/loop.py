@@ -139,14 +139,17 @@ class _Reader:
 
 class TFClusterController:
     def __init__(self, config: TFClusterConfig, api_client: client.ApiClient, *, pools: WatchCache,
-                 recorder: EventRecorder, leader: Leader) -> None:
+                 recorder: EventRecorder, leader: Leader, clusters: WatchCache | None = None) -> None:
         self.config = config
         self.api_client = api_client
         self.pools = pools
         self.recorder = recorder
         self.leader = leader
-        self.clusters = WatchCache(api_client, TENSOR_FUSION_CLUSTERS, optional=True,
-                                   on_change=self._changed, name="tensorfusionclusters")
+        # the process's one cache when given (the capacity controllers read it too), else one of its own
+        self._own_clusters = clusters is None
+        self.clusters = clusters or WatchCache(api_client, TENSOR_FUSION_CLUSTERS, optional=True,
+                                               name="tensorfusionclusters")
+        self.clusters.subscribe(self._changed)
         self.pools.subscribe(self._changed)
         self._wake: asyncio.Event | None = None
         self._reader = _Reader(api_client)
@@ -159,13 +162,14 @@ class TFClusterController:
 
     async def run(self) -> None:
         self._wake = asyncio.Event()
-        task = asyncio.create_task(self.clusters.run(), name="tfcluster-watch")
+        tasks = ([asyncio.create_task(self.clusters.run(), name="tfcluster-watch")]
+                 if self._own_clusters else [])
         try:
             await asyncio.gather(self.clusters.synced.wait(), self.pools.synced.wait())
             await leader_gated_loop("tensorfusioncluster", self.leader, self.reconcile,
                                     self.config.interval_seconds, self._wake)
         finally:
-            await cancel_and_wait([task])
+            await cancel_and_wait(tasks)
 
     async def reconcile(self, now: dt.datetime) -> None:
         pools = self.pools.list()
