@@ -36,6 +36,7 @@ from extender.cloud.provider import (
     Instance,
     InvalidRequest,
     LaunchRequest,
+    subnet_of_zone,
 )
 from extender.cloud.tags import TAG_CLAIM, TAG_CLUSTER, instance_tags
 from extender.cloud.vendor import KeyFiles, VendorConfig
@@ -299,21 +300,8 @@ class AlibabaProvider:
                 query["Tag"] = _tag_filter(term.tags)
             answer = await self._vpc("DescribeVSwitches", query)
             switches += (answer.get("VSwitches") or {}).get("VSwitch") or []
-        if not switches:
-            raise InvalidRequest(
-                "InvalidVSwitchId.NotFound",
-                f"GPUNodeClass {request.node_class.name}: no vSwitch matches spec.subnetSelectorTerms",
-            )
-        if request.zone:
-            switches = [s for s in switches if s.get("ZoneId") == request.zone]
-            if not switches:
-                raise CapacityUnavailable(
-                    "NoVSwitchInZone",
-                    f"GPUNodeClass {request.node_class.name}: no vSwitch "
-                    f"of spec.subnetSelectorTerms is in zone {request.zone}",
-                )
-        best = max(switches, key=lambda s: (int(s.get("AvailableIpAddressCount") or 0), str(s["VSwitchId"])))
-        return str(best["VSwitchId"])
+        return subnet_of_zone(switches, request, what="vSwitch", id_key="VSwitchId", zone_key="ZoneId",
+                              missing_code="InvalidVSwitchId.NotFound")
 
     async def _groups(self, request: LaunchRequest) -> list[str]:
         ids: list[str] = []

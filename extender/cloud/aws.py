@@ -28,6 +28,7 @@ from extender.cloud.provider import (
     Instance,
     InvalidRequest,
     LaunchRequest,
+    subnet_of_zone,
 )
 from extender.cloud.tags import TAG_CLAIM, TAG_CLUSTER, instance_tags
 from extender.cloud.vendor import KeyFiles, VendorConfig
@@ -185,21 +186,8 @@ class AWSProvider:
                 {"SubnetIds": [term.id]} if term.id else {"Filters": _filters(term, "tag:Name")}
             )
             subnets += (await self._call("describe_subnets", **params))["Subnets"]
-        if not subnets:
-            raise InvalidRequest(
-                "InvalidSubnetID.NotFound",
-                f"GPUNodeClass {request.node_class.name}: no subnet matches spec.subnetSelectorTerms",
-            )
-        if request.zone:
-            subnets = [s for s in subnets if s.get("AvailabilityZone") == request.zone]
-            if not subnets:
-                raise CapacityUnavailable(
-                    "NoSubnetInZone",
-                    f"GPUNodeClass {request.node_class.name}: no subnet "
-                    f"of spec.subnetSelectorTerms is in zone {request.zone}",
-                )
-        best = max(subnets, key=lambda s: (int(s.get("AvailableIpAddressCount") or 0), str(s["SubnetId"])))
-        return str(best["SubnetId"])
+        return subnet_of_zone(subnets, request, what="subnet", id_key="SubnetId", zone_key="AvailabilityZone",
+                              missing_code="InvalidSubnetID.NotFound")
 
     async def _groups(self, request: LaunchRequest) -> list[str]:
         ids: list[str] = []

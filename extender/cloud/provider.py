@@ -8,7 +8,7 @@ second VM for one GPUNodeClaim. ``terminate`` of an instance that no longer exis
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -68,6 +68,26 @@ class InvalidRequest(CloudError):
 
 class AuthFailure(CloudError):
     """The credentials are missing, wrong or not allowed: no launches until they change."""
+
+
+def subnet_of_zone(found: Sequence[Mapping[str, Any]], request: LaunchRequest, *, what: str, id_key: str,
+                   zone_key: str, missing_code: str) -> str:
+    """The subnet (EC2) or vSwitch (ECS) a launch goes into, among those the class's
+    ``subnetSelectorTerms`` found: one in the offering's zone, the one with the most free addresses (then
+    by id). None found is an invalid class; none in the zone is a capacity error, so the next offering's
+    zone is tried."""
+    name = request.node_class.name
+    if not found:
+        raise InvalidRequest(missing_code, f"GPUNodeClass {name}: no {what} matches spec.subnetSelectorTerms")
+    if request.zone:
+        found = [s for s in found if s.get(zone_key) == request.zone]
+        if not found:
+            raise CapacityUnavailable(
+                f"No{what[0].upper()}{what[1:]}InZone",
+                f"GPUNodeClass {name}: no {what} of spec.subnetSelectorTerms is in zone {request.zone}",
+            )
+    best = max(found, key=lambda s: (int(s.get("AvailableIpAddressCount") or 0), str(s[id_key])))
+    return str(best[id_key])
 
 
 class Provider(Protocol):
