@@ -28,7 +28,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-from extender.cloud.nodeclass import volume_gib
+from extender.cloud.nodeclass import SelectorTerm, volume_gib
 from extender.cloud.provider import (
     AuthFailure,
     CapacityUnavailable,
@@ -36,6 +36,9 @@ from extender.cloud.provider import (
     Instance,
     InvalidRequest,
     LaunchRequest,
+    newest_image,
+    resolve_terms,
+    security_groups,
     subnet_of_zone,
 )
 from extender.cloud.tags import TAG_CLAIM, TAG_CLUSTER, instance_tags
@@ -270,23 +273,21 @@ class AlibabaProvider:
     def _region(self, request: LaunchRequest) -> str:
         return request.region or self.config.region
 
+    async def _images_of(self, term: SelectorTerm, region: str) -> list[tuple[str, str]]:
+        query: dict[str, Any] = {"RegionId": region, "PageSize": PAGE}
+        if term.id:
+            query["ImageId"] = term.id
+        if term.name:
+            query["ImageName"] = term.name
+        if term.tags:
+            query["Tag"] = _tag_filter(term.tags)
+        found = ((await self._ecs("DescribeImages", query)).get("Images") or {}).get("Image") or []
+        return [(str(i.get("CreationTime") or ""), str(i["ImageId"])) for i in found]
+
     async def _image(self, request: LaunchRequest) -> str:
-        for term in request.node_class.images:  # the first term that matches an image wins
-            query: dict[str, Any] = {"RegionId": self._region(request), "PageSize": PAGE}
-            if term.id:
-                query["ImageId"] = term.id
-            if term.name:
-                query["ImageName"] = term.name
-            if term.tags:
-                query["Tag"] = _tag_filter(term.tags)
-            found = ((await self._ecs("DescribeImages", query)).get("Images") or {}).get("Image") or []
-            if found:
-                return str(max(found, key=lambda i: str(i.get("CreationTime") or ""))["ImageId"])
-        raise InvalidRequest(
-            "InvalidImageId.NotFound",
-            f"GPUNodeClass {request.node_class.name}: no image matches spec.osImageSelectorTerms "
-            f"{[t.id or t.name or dict(t.tags) for t in request.node_class.images]}",
-        )
+        region = self._region(request)
+        return await newest_image(request, lambda term: self._images_of(term, region),
+                                  "InvalidImageId.NotFound")
 
     async def _vswitch(self, request: LaunchRequest) -> str:
         switches: list[dict[str, Any]] = []
@@ -303,37 +304,24 @@ class AlibabaProvider:
         return subnet_of_zone(switches, request, what="vSwitch", id_key="VSwitchId", zone_key="ZoneId",
                               missing_code="InvalidVSwitchId.NotFound")
 
+    async def _groups_named(self, term: SelectorTerm, region: str) -> list[str]:
+        query: dict[str, Any] = {"RegionId": region, "MaxResults": PAGE}
+        if term.name:
+            query["SecurityGroupName"] = term.name
+        if term.tags:
+            query["Tag"] = _tag_filter(term.tags)
+        answer = await self._ecs("DescribeSecurityGroups", query)
+        groups = (answer.get("SecurityGroups") or {}).get("SecurityGroup") or []
+        return [str(g["SecurityGroupId"]) for g in groups]
+
     async def _groups(self, request: LaunchRequest) -> list[str]:
-        ids: list[str] = []
-        for term in request.node_class.security_groups:
-            if term.id:
-                ids.append(term.id)
-                continue
-            query: dict[str, Any] = {"RegionId": self._region(request), "MaxResults": PAGE}
-            if term.name:
-                query["SecurityGroupName"] = term.name
-            if term.tags:
-                query["Tag"] = _tag_filter(term.tags)
-            answer = await self._ecs("DescribeSecurityGroups", query)
-            found = (answer.get("SecurityGroups") or {}).get("SecurityGroup") or []
-            if not found:
-                raise InvalidRequest(
-                    "InvalidSecurityGroupId.NotFound",
-                    f"GPUNodeClass {request.node_class.name}: no "
-                    "security group matches spec.securityGroupSelectorTerms",
-                )
-            ids += [str(g["SecurityGroupId"]) for g in found]
-        return sorted(set(ids))
+        region = self._region(request)
+        return await security_groups(request, lambda term: self._groups_named(term, region),
+                                     "InvalidSecurityGroupId.NotFound")
 
     async def resolve(self, request: LaunchRequest) -> dict[str, Any]:
-        resolved: dict[str, Any] = {}
-        if request.node_class.launch_template is None or request.node_class.images:
-            resolved["ImageId"] = await self._image(request)
-        if request.node_class.subnets:
-            resolved["VSwitchId"] = await self._vswitch(request)
-        if request.node_class.security_groups:
-            resolved["SecurityGroupIds"] = await self._groups(request)
-        return resolved
+        return await resolve_terms(request, image=self._image, subnet=self._vswitch, subnet_key="VSwitchId",
+                                   groups=self._groups)
 
     # -- the request ------------------------------------------------------------------------------------
 

@@ -28,6 +28,9 @@ from extender.cloud.provider import (
     Instance,
     InvalidRequest,
     LaunchRequest,
+    newest_image,
+    resolve_terms,
+    security_groups,
     subnet_of_zone,
 )
 from extender.cloud.tags import TAG_CLAIM, TAG_CLUSTER, instance_tags
@@ -162,22 +165,18 @@ class AWSProvider:
 
     # -- look-ups ---------------------------------------------------------------------------------------
 
+    async def _images_of(self, term: SelectorTerm) -> list[tuple[str, str]]:
+        if term.id:
+            try:
+                found = (await self._call("describe_images", ImageIds=[term.id]))["Images"]
+            except InvalidRequest:  # EC2 answers an unknown id with InvalidAMIID.*
+                found = []
+        else:
+            found = (await self._call("describe_images", Filters=_filters(term, "name")))["Images"]
+        return [(str(i.get("CreationDate") or ""), str(i["ImageId"])) for i in found]
+
     async def _image(self, request: LaunchRequest) -> str:
-        for term in request.node_class.images:  # the first term that matches an image wins
-            if term.id:
-                try:
-                    found = (await self._call("describe_images", ImageIds=[term.id]))["Images"]
-                except InvalidRequest:
-                    found = []
-            else:
-                found = (await self._call("describe_images", Filters=_filters(term, "name")))["Images"]
-            if found:
-                return str(max(found, key=lambda i: str(i.get("CreationDate") or ""))["ImageId"])
-        raise InvalidRequest(
-            "InvalidAMIID.NotFound",
-            f"GPUNodeClass {request.node_class.name}: no image matches spec.osImageSelectorTerms "
-            f"{[t.id or t.name or dict(t.tags) for t in request.node_class.images]}",
-        )
+        return await newest_image(request, self._images_of, "InvalidAMIID.NotFound")
 
     async def _subnet(self, request: LaunchRequest) -> str:
         subnets: list[dict[str, Any]] = []
@@ -189,33 +188,16 @@ class AWSProvider:
         return subnet_of_zone(subnets, request, what="subnet", id_key="SubnetId", zone_key="AvailabilityZone",
                               missing_code="InvalidSubnetID.NotFound")
 
+    async def _groups_named(self, term: SelectorTerm) -> list[str]:
+        answer = await self._call("describe_security_groups", Filters=_filters(term, "group-name"))
+        return [str(g["GroupId"]) for g in answer["SecurityGroups"]]
+
     async def _groups(self, request: LaunchRequest) -> list[str]:
-        ids: list[str] = []
-        for term in request.node_class.security_groups:
-            if term.id:
-                ids.append(term.id)
-                continue
-            found = (await self._call("describe_security_groups", Filters=_filters(term, "group-name")))[
-                "SecurityGroups"
-            ]
-            if not found:
-                raise InvalidRequest(
-                    "InvalidGroup.NotFound",
-                    f"GPUNodeClass {request.node_class.name}: no "
-                    "security group matches spec.securityGroupSelectorTerms",
-                )
-            ids += [str(g["GroupId"]) for g in found]
-        return sorted(set(ids))
+        return await security_groups(request, self._groups_named, "InvalidGroup.NotFound")
 
     async def resolve(self, request: LaunchRequest) -> dict[str, Any]:
-        resolved: dict[str, Any] = {}
-        if request.node_class.launch_template is None or request.node_class.images:
-            resolved["ImageId"] = await self._image(request)
-        if request.node_class.subnets:
-            resolved["SubnetId"] = await self._subnet(request)
-        if request.node_class.security_groups:
-            resolved["SecurityGroupIds"] = await self._groups(request)
-        return resolved
+        return await resolve_terms(request, image=self._image, subnet=self._subnet, subnet_key="SubnetId",
+                                   groups=self._groups)
 
     # -- the request ------------------------------------------------------------------------------------
 

@@ -8,11 +8,11 @@ second VM for one GPUNodeClaim. ``terminate`` of an instance that no longer exis
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from extender.cloud.nodeclass import NodeClass
+from extender.cloud.nodeclass import NodeClass, SelectorTerm
 
 # The states in which an instance will never become (or stay) a node.
 GONE_STATES = frozenset({"shutting-down", "terminated", "Stopping", "Stopped", "Deleted"})
@@ -70,8 +70,15 @@ class AuthFailure(CloudError):
     """The credentials are missing, wrong or not allowed: no launches until they change."""
 
 
-def subnet_of_zone(found: Sequence[Mapping[str, Any]], request: LaunchRequest, *, what: str, id_key: str,
-                   zone_key: str, missing_code: str) -> str:
+def subnet_of_zone(
+    found: Sequence[Mapping[str, Any]],
+    request: LaunchRequest,
+    *,
+    what: str,
+    id_key: str,
+    zone_key: str,
+    missing_code: str,
+) -> str:
     """The subnet (EC2) or vSwitch (ECS) a launch goes into, among those the class's
     ``subnetSelectorTerms`` found: one in the offering's zone, the one with the most free addresses (then
     by id). None found is an invalid class; none in the zone is a capacity error, so the next offering's
@@ -88,6 +95,64 @@ def subnet_of_zone(found: Sequence[Mapping[str, Any]], request: LaunchRequest, *
             )
     best = max(found, key=lambda s: (int(s.get("AvailableIpAddressCount") or 0), str(s[id_key])))
     return str(best[id_key])
+
+
+async def newest_image(
+    request: LaunchRequest,
+    lookup: Callable[[SelectorTerm], Awaitable[list[tuple[str, str]]]],
+    missing_code: str,
+) -> str:
+    """The image of ``spec.osImageSelectorTerms``: the first term that finds any wins, and of what it finds
+    (``lookup``: (creation time, id) pairs) the newest; none found makes the class invalid, naming the
+    terms."""
+    for term in request.node_class.images:
+        found = await lookup(term)
+        if found:
+            return max(found)[1]
+    raise InvalidRequest(
+        missing_code,
+        f"GPUNodeClass {request.node_class.name}: no image matches spec.osImageSelectorTerms "
+        f"{[t.id or t.name or dict(t.tags) for t in request.node_class.images]}",
+    )
+
+
+async def security_groups(
+    request: LaunchRequest, lookup: Callable[[SelectorTerm], Awaitable[list[str]]], missing_code: str
+) -> list[str]:
+    """The ids of ``spec.securityGroupSelectorTerms``: a term's id as it is, else the groups ``lookup`` finds
+    by its name or tags; a term that finds none makes the class invalid."""
+    ids: list[str] = []
+    for term in request.node_class.security_groups:
+        found = [term.id] if term.id else await lookup(term)
+        if not found:
+            raise InvalidRequest(
+                missing_code,
+                f"GPUNodeClass {request.node_class.name}: no security group "
+                "matches spec.securityGroupSelectorTerms",
+            )
+        ids += found
+    return sorted(set(ids))
+
+
+async def resolve_terms(
+    request: LaunchRequest,
+    *,
+    image: Callable[[LaunchRequest], Awaitable[str]],
+    subnet: Callable[[LaunchRequest], Awaitable[str]],
+    subnet_key: str,
+    groups: Callable[[LaunchRequest], Awaitable[list[str]]],
+) -> dict[str, Any]:
+    """What a launch looks up before its create request: the image (unless a launch template gives it),
+    the subnet or vSwitch (``subnet_key``) and the security groups, each only when the class names some."""
+    node_class = request.node_class
+    resolved: dict[str, Any] = {}
+    if node_class.launch_template is None or node_class.images:
+        resolved["ImageId"] = await image(request)
+    if node_class.subnets:
+        resolved[subnet_key] = await subnet(request)
+    if node_class.security_groups:
+        resolved["SecurityGroupIds"] = await groups(request)
+    return resolved
 
 
 class Provider(Protocol):

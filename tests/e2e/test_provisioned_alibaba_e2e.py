@@ -5,18 +5,15 @@ is the local stand-in of ECS's RPC API (tests/harness/ecs.py), standing in for A
 no emulator of it exists: it checks the SDK's ACS3-HMAC-SHA256 signature, answers in ECS's shapes, replays
 ClientTokens and refuses chosen (type, zone) pairs with ``OperationDenied.NoStock``.
 
-``EcsCloudInit`` stands in for what a real VM does at boot: for every running instance tagged for this
-cluster it reads the user data through DescribeUserData and, when the script passes ``--node-labels`` to
-the kubelet, creates the kwok Node with those labels plus the GPU discovery labels GPU Feature Discovery
-would write for the instance type. The instance catalog lists two ECS GPU types (the built-in one is AWS's).
+``CloudInit`` (tests/harness/provisioned.py) stands in for what a real VM does at boot: for every running
+instance tagged for this cluster it reads the user data through DescribeUserData and creates the kwok Node
+its ``--node-labels`` ask for, with GPU discovery labels. The instance catalog lists an ECS GPU type (the
+built-in one is AWS's).
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
-import re
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -28,6 +25,16 @@ from kubernetes.client.rest import ApiException
 
 from tests import harness as cpl
 from tests.harness import ecs
+from tests.harness.provisioned import (
+    Booting,
+    CloudInit,
+    GPUs,
+    bound_claims,
+    claims_of,
+    events,
+    provisioned_pool_body,
+    release_pool,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +46,7 @@ CLUSTER_TAG = "tensor-fusion.ai/cluster"
 ORPHAN_GRACE = 6
 GPU_TYPE = "ecs.gn7i-c8g1.2xlarge"  # one A10, 24 GiB
 # What GPU Feature Discovery would label a node of this type with.
-GFD = {GPU_TYPE: ("A10", 1, 24576)}
+GFD = {GPU_TYPE: GPUs("A10", 1, 24576)}
 CATALOG = {
     "instanceTypes": [
         {
@@ -59,25 +66,13 @@ USER_DATA = (
 )
 
 
-class EcsCloudInit:
-    """Plays each ECS instance's boot: its user data's ``--node-labels`` become a kwok Node."""
+def ecs_cloud_init(api_client: Any, standin: ecs.ECSStandIn) -> CloudInit:
+    """CloudInit over the stand-in, through the SDK: the running instances tagged for this cluster, their
+    user data by DescribeUserData, Nodes named as ACK names them (region.instance id)."""
 
-    def __init__(self, api_client: Any, standin: ecs.ECSStandIn) -> None:
-        self.core = client.CoreV1Api(api_client)
-        self.standin = standin
-        self.booted: dict[str, str] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            with contextlib.suppress(Exception):
-                self._boot_new()
-
-    def _boot_new(self) -> None:
+    def running() -> list[Booting]:
         listed = ecs.sdk_call(
-            self.standin.url,
+            standin.url,
             "DescribeInstances",
             {
                 "RegionId": ecs.REGION,
@@ -86,38 +81,24 @@ class EcsCloudInit:
                 "Tag": [{"Key": CLUSTER_TAG, "Value": CLUSTER}],
             },
         )
-        for instance in listed["Instances"]["Instance"]:
-            iid = instance["InstanceId"]
-            if iid in self.booted:
-                continue
-            data = ecs.sdk_call(
-                self.standin.url, "DescribeUserData", {"RegionId": ecs.REGION, "InstanceId": iid}
-            )
-            script = base64.b64decode(data.get("UserData") or "").decode()
-            match = re.search(r"--node-labels=([^'\s]+)", script)
-            if not match:
-                self.booted[iid] = ""
-                continue
-            labels = dict(item.split("=", 1) for item in match.group(1).split(","))
-            model, count, memory = GFD[instance["InstanceType"]]
-            labels.update(
-                {
-                    "nvidia.com/gpu.product": model,
-                    "nvidia.com/gpu.count": str(count),
-                    "nvidia.com/gpu.memory": str(memory),
-                    "topology.kubernetes.io/zone": instance["ZoneId"],
-                    "node.kubernetes.io/instance-type": instance["InstanceType"],
-                }
-            )
-            name = f"{ecs.REGION}.{iid}"
-            body = cpl.node_body(name, labels=labels)
-            body["spec"] = {**body.get("spec", {}), "providerID": f"{ecs.REGION}.{iid}"}
-            self.core.create_node(body)
-            self.booted[iid] = name
+        return [
+            Booting(i["InstanceId"], i["InstanceType"], i["ZoneId"]) for i in listed["Instances"]["Instance"]
+        ]
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
+    def user_data(instance_id: str) -> str:
+        data = ecs.sdk_call(
+            standin.url, "DescribeUserData", {"RegionId": ecs.REGION, "InstanceId": instance_id}
+        )
+        return base64.b64decode(data.get("UserData") or "").decode()
+
+    return CloudInit(
+        api_client,
+        running=running,
+        user_data=user_data,
+        gpus=GFD,
+        node_name=lambda iid: f"{ecs.REGION}.{iid}",
+        provider_id=lambda iid, zone: f"{ecs.REGION}.{iid}",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +136,7 @@ def provisioned(
     files: dict[str, str],
     api_client: Any,
     standin: Any,
-) -> Iterator[EcsCloudInit]:
+) -> Iterator[CloudInit]:
     extender_runner.ensure(
         capacity_interval=1,
         node_protection_time=5,
@@ -165,7 +146,7 @@ def provisioned(
         orphan_grace=ORPHAN_GRACE,
         capacity_error_backoff=120,
     )
-    boot = EcsCloudInit(api_client, standin[0])
+    boot = ecs_cloud_init(api_client, standin[0])
     yield boot
     boot.stop()
 
@@ -175,7 +156,6 @@ def pool(api_client: Any, webhook: Any, standin: Any) -> Iterator[str]:
     """A Provisioned GPUPool of one TFLOPS minimum over both zones, with its GPUNodeClass; at teardown the
     pool, its claims (whose finalizers delete the VMs) and nodes go."""
     _, world = standin
-    custom = client.CustomObjectsApi(api_client)
     name = f"ali-{uuid.uuid4().hex[:6]}"
     cpl.create_cluster_object(
         api_client,
@@ -198,59 +178,10 @@ def pool(api_client: Any, webhook: Any, standin: Any) -> Iterator[str]:
         {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": [GPU_TYPE]},
         {"key": "topology.kubernetes.io/zone", "operator": "In", "values": list(ecs.ZONES)},
     ]
-    cpl.create_cluster_object(
-        api_client,
-        "gpupools",
-        {
-            "apiVersion": f"{cpl.TF_GROUP}/{cpl.TF_VERSION}",
-            "kind": "GPUPool",
-            "metadata": {"name": name},
-            "spec": {
-                "capacityConfig": {"minResources": {"tflops": "1"}},
-                "nodeManagerConfig": {
-                    "provisioningMode": "Provisioned",
-                    "nodeCompaction": {"period": "5s"},
-                    "nodeProvisioner": {
-                        "nodeClass": name,
-                        "gpuRequirements": requirements,
-                        "gpuNodeLabels": {"team": "ml"},
-                    },
-                },
-            },
-        },
-    )
+    cpl.create_cluster_object(api_client, "gpupools", provisioned_pool_body(name, requirements))
     cpl.wait_for_webhook_pool(api_client, name)
     yield name
-    with contextlib.suppress(ApiException):
-        custom.delete_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "gpupools", name)
-    for claim in claims_of(api_client, name):
-        with contextlib.suppress(ApiException):
-            custom.delete_cluster_custom_object(
-                cpl.TF_GROUP, cpl.TF_VERSION, "gpunodeclaims", claim["metadata"]["name"]
-            )
-    with contextlib.suppress(TimeoutError):
-        cpl.wait_until(lambda: not claims_of(api_client, name), 60, interval=1, what="the claims gone")
-    for claim in claims_of(api_client, name):
-        with contextlib.suppress(ApiException):
-            custom.patch_cluster_custom_object(
-                cpl.TF_GROUP,
-                cpl.TF_VERSION,
-                "gpunodeclaims",
-                claim["metadata"]["name"],
-                {"metadata": {"finalizers": None}},
-            )
-    core = client.CoreV1Api(api_client)
-    for node in core.list_node(label_selector=f"{POOL_LABEL}={name}").items:
-        with contextlib.suppress(ApiException):
-            core.delete_node(node.metadata.name)
-    with contextlib.suppress(ApiException):
-        custom.delete_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "gpunodeclasses", name)
-
-
-def claims_of(api_client: Any, pool: str) -> list[dict[str, Any]]:
-    return client.CustomObjectsApi(api_client).list_cluster_custom_object(
-        cpl.TF_GROUP, cpl.TF_VERSION, "gpunodeclaims", label_selector=f"{POOL_LABEL}={pool}"
-    )["items"]
+    release_pool(api_client, name)
 
 
 def listed(server: ecs.ECSStandIn, **tags: str) -> list[dict[str, Any]]:
@@ -263,35 +194,15 @@ def listed(server: ecs.ECSStandIn, **tags: str) -> list[dict[str, Any]]:
     return answer["Instances"]["Instance"]  # type: ignore[no-any-return]
 
 
-def events(api_client: Any, kind: str, name: str, reason: str) -> list[Any]:
-    return [
-        e
-        for e in client.CoreV1Api(api_client)
-        .list_namespaced_event(
-            "default", field_selector=f"involvedObject.kind={kind},involvedObject.name={name}"
-        )
-        .items
-        if e.reason == reason
-    ]
-
-
 def test_min_capacity_is_bought_through_ecs_in_the_zone_with_stock_then_bound_and_released(
-    provisioned: EcsCloudInit, pool: str, api_client: Any, standin: Any
+    provisioned: CloudInit, pool: str, api_client: Any, standin: Any
 ) -> None:
     server, world = standin
-    # the pool's first zone is sold out; cheapest first, so the other zone gets the VM
-    for zone in ecs.ZONES[:1]:
-        server.refuse.add((GPU_TYPE, zone))
+    # the pool's first zone is sold out; the next offering, the other zone, gets the VM
+    server.refuse.add((GPU_TYPE, ecs.ZONES[0]))
     try:
-        bound = cpl.wait_until(
-            lambda: (
-                [c for c in claims_of(api_client, pool) if (c.get("status") or {}).get("phase") == "Bound"]
-                or None
-            ),
-            90,
-            interval=1,
-            what="a Bound GPUNodeClaim",
-        )
+        bound = cpl.wait_until(lambda: bound_claims(api_client, pool), 90, interval=1,
+                               what="a Bound GPUNodeClaim")
         assert cpl.wait_until(lambda: events(api_client, "GPUPool", pool, "InsufficientCapacity"), 30)
     finally:
         server.refuse.clear()
@@ -305,8 +216,11 @@ def test_min_capacity_is_bought_through_ecs_in_the_zone_with_stock_then_bound_an
     assert raw["SecurityGroupIds"]["SecurityGroupId"] == [world.security_group]
     tags = {t["TagKey"]: t["TagValue"] for t in raw["Tags"]["Tag"]}
     assert tags[CLUSTER_TAG] == CLUSTER and tags[POOL_LABEL] == pool and tags["team"] == "ml"
-    sent = [p for action, p in server.requests if action == "RunInstances"
-            and {"Key": POOL_LABEL, "Value": pool} in p.get("Tag", [])]
+    sent = [
+        p
+        for action, p in server.requests
+        if action == "RunInstances" and {"Key": POOL_LABEL, "Value": pool} in p.get("Tag", [])
+    ]
     assert [p["ZoneId"] for p in sent] == [ecs.ZONES[0], ecs.ZONES[1]], "the sold-out zone, then the next"
     assert sent[-1]["ClientToken"] == name and all(p["RamRoleName"] == "TFGpuNodeRole" for p in sent)
     node = client.CoreV1Api(api_client).read_node(claim["spec"]["nodeName"])
@@ -327,7 +241,7 @@ def test_min_capacity_is_bought_through_ecs_in_the_zone_with_stock_then_bound_an
 
 
 def test_an_ecs_instance_tagged_for_the_cluster_that_no_claim_owns_is_deleted_after_the_grace(
-    provisioned: EcsCloudInit, api_client: Any, standin: Any
+    provisioned: CloudInit, api_client: Any, standin: Any
 ) -> None:
     server, world = standin
 

@@ -4,19 +4,15 @@ The real kube-apiserver, kube-scheduler, kwok, tf-webhook and tf-extender run as
 is moto's EC2 server on loopback (tests/harness/cloud.py) behind a proxy that answers chosen RunInstances
 with ``InsufficientInstanceCapacity``. The extender's client is aiobotocore speaking signed HTTP to it.
 
-``CloudInit`` stands in for what a real VM does at boot, since moto's instances run nothing: for every
-running instance tagged for this cluster it reads the user data through DescribeInstanceAttribute, and
-when the script passes ``--node-labels`` to the kubelet it creates the kwok Node with those labels plus the
-GPU discovery labels GPU Feature Discovery would write for the instance type. A user data without the
-node-provisioner label gives a VM whose Node never joins, as on a real cloud.
+``CloudInit`` (tests/harness/provisioned.py) stands in for what a real VM does at boot, since moto's
+instances run nothing: for every running instance tagged for this cluster it reads the user data through
+DescribeInstanceAttribute and creates the kwok Node its ``--node-labels`` ask for, with GPU discovery labels.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import re
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,6 +24,16 @@ from kubernetes.client.rest import ApiException
 
 from tests import harness as cpl
 from tests.harness import cloud
+from tests.harness.provisioned import (
+    Booting,
+    CloudInit,
+    GPUs,
+    bound_claims,
+    claims_of,
+    events,
+    provisioned_pool_body,
+    release_pool,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -40,7 +46,7 @@ JOIN_TIMEOUT = 25
 ORPHAN_GRACE = 6
 PROTECTION = 5
 # What GPU Feature Discovery would label a node of these instance types with.
-GFD = {"g5.xlarge": ("A10G", 1, 24576), "g6.xlarge": ("L4", 1, 24576)}
+GFD = {"g5.xlarge": GPUs("A10G", 1, 24576), "g6.xlarge": GPUs("L4", 1, 24576)}
 USER_DATA = (
     "#!/bin/bash\n/etc/eks/bootstrap.sh e2e --kubelet-extra-args "
     "'--node-labels=tensor-fusion.ai/node-provisioner=__GPU_NODE_RESOURCE_NAME__,team=ml'\n"
@@ -48,62 +54,24 @@ USER_DATA = (
 NO_LABEL_USER_DATA = "#!/bin/bash\n/etc/eks/bootstrap.sh e2e\n"
 
 
-class CloudInit:
-    """Plays each VM's boot: its user data's ``--node-labels`` become a kwok Node (see the module doc)."""
+def ec2_cloud_init(api_client: Any, endpoint: str) -> CloudInit:
+    """CloudInit over moto: the running instances tagged for this cluster, their user data by
+    DescribeInstanceAttribute, Nodes named as EKS names them."""
+    ec2 = cloud.boto_client(endpoint)
 
-    def __init__(self, api_client: Any, endpoint: str) -> None:
-        self.core = client.CoreV1Api(api_client)
-        self.ec2 = cloud.boto_client(endpoint)
-        self.booted: dict[str, str] = {}  # instance id -> node name ("" when its user data joins no node)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+    def running() -> list[Booting]:
+        pages = ec2.describe_instances(Filters=[{"Name": f"tag:{CLUSTER_TAG}", "Values": [CLUSTER]},
+                                                {"Name": "instance-state-name", "Values": ["running"]}])
+        return [Booting(i["InstanceId"], i["InstanceType"], i["Placement"]["AvailabilityZone"])
+                for r in pages["Reservations"] for i in r["Instances"]]
 
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            with contextlib.suppress(Exception):
-                self._boot_new()
+    def user_data(instance_id: str) -> str:
+        raw = ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
+        return base64.b64decode((raw.get("UserData") or {}).get("Value") or "").decode()
 
-    def _boot_new(self) -> None:
-        pages = self.ec2.describe_instances(
-            Filters=[
-                {"Name": f"tag:{CLUSTER_TAG}", "Values": [CLUSTER]},
-                {"Name": "instance-state-name", "Values": ["running"]},
-            ]
-        )
-        for instance in [i for r in pages["Reservations"] for i in r["Instances"]]:
-            iid = instance["InstanceId"]
-            if iid in self.booted:
-                continue
-            raw = self.ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")
-            script = base64.b64decode((raw.get("UserData") or {}).get("Value") or "").decode()
-            match = re.search(r"--node-labels=([^'\s]+)", script)
-            if not match:
-                self.booted[iid] = ""
-                continue
-            labels = dict(item.split("=", 1) for item in match.group(1).split(","))
-            model, count, memory = GFD[instance["InstanceType"]]
-            labels.update(
-                {
-                    "nvidia.com/gpu.product": model,
-                    "nvidia.com/gpu.count": str(count),
-                    "nvidia.com/gpu.memory": str(memory),
-                    "topology.kubernetes.io/zone": instance["Placement"]["AvailabilityZone"],
-                    "node.kubernetes.io/instance-type": instance["InstanceType"],
-                }
-            )
-            name = f"ip-{iid[2:14]}"
-            body = cpl.node_body(name, labels=labels)
-            body["spec"] = {
-                **body.get("spec", {}),
-                "providerID": f"aws:///{instance['Placement']['AvailabilityZone']}/{iid}",
-            }
-            self.core.create_node(body)
-            self.booted[iid] = name
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
+    return CloudInit(api_client, running=running, user_data=user_data, gpus=GFD,
+                     node_name=lambda iid: f"ip-{iid[2:14]}",
+                     provider_id=lambda iid, zone: f"aws:///{zone}/{iid}")
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +122,7 @@ def provisioned(
         orphan_grace=ORPHAN_GRACE,
         capacity_error_backoff=120,
     )
-    boot = CloudInit(api_client, ec2[1].url)
+    boot = ec2_cloud_init(api_client, ec2[1].url)
     yield boot
     boot.stop()
 
@@ -181,8 +149,6 @@ def node_class_body(name: str, world: cloud.EC2World, **spec: Any) -> dict[str, 
 def make_pool(api_client: Any, webhook: Any, ec2: Any) -> Iterator[Callable[..., str]]:
     """make_pool(min_tflops, types=, zones=, node_class=) -> a Provisioned GPUPool with its own GPUNodeClass;
     at teardown the pool goes, then its claims (whose finalizers terminate the VMs) and nodes."""
-    custom = client.CustomObjectsApi(api_client)
-    core = client.CoreV1Api(api_client)
     made: list[str] = []
 
     def factory(
@@ -202,67 +168,15 @@ def make_pool(api_client: Any, webhook: Any, ec2: Any) -> Iterator[Callable[...,
             {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": list(types)},
             {"key": "topology.kubernetes.io/zone", "operator": "In", "values": list(zones)},
         ]
-        cpl.create_cluster_object(
-            api_client,
-            "gpupools",
-            {
-                "apiVersion": f"{cpl.TF_GROUP}/{cpl.TF_VERSION}",
-                "kind": "GPUPool",
-                "metadata": {"name": name},
-                "spec": {
-                    "capacityConfig": {"minResources": {"tflops": str(min_tflops)}},
-                    "nodeManagerConfig": {
-                        "provisioningMode": "Provisioned",
-                        "nodeCompaction": {"period": "5s"},
-                        "nodeProvisioner": {
-                            "nodeClass": name,
-                            "gpuRequirements": requirements,
-                            "gpuNodeLabels": {"team": "ml"},
-                        },
-                    },
-                },
-            },
-        )
+        cpl.create_cluster_object(api_client, "gpupools",
+                                  provisioned_pool_body(name, requirements, min_tflops=min_tflops))
         made.append(name)
         cpl.wait_for_webhook_pool(api_client, name)
         return name
 
     yield factory
     for name in made:
-        with contextlib.suppress(ApiException):
-            custom.delete_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "gpupools", name)
-        for claim in claims_of(api_client, name):
-            with contextlib.suppress(ApiException):
-                custom.delete_cluster_custom_object(
-                    cpl.TF_GROUP, cpl.TF_VERSION, "gpunodeclaims", claim["metadata"]["name"]
-                )
-        with contextlib.suppress(TimeoutError):
-            cpl.wait_until(
-                lambda n=name: not claims_of(api_client, n),
-                60,
-                interval=1,
-                what=f"the claims of {name} gone (their VMs terminated)",
-            )
-        for claim in claims_of(api_client, name):  # the extender could not finish: let them go
-            with contextlib.suppress(ApiException):
-                custom.patch_cluster_custom_object(
-                    cpl.TF_GROUP,
-                    cpl.TF_VERSION,
-                    "gpunodeclaims",
-                    claim["metadata"]["name"],
-                    {"metadata": {"finalizers": None}},
-                )
-        for node in core.list_node(label_selector=f"{POOL_LABEL}={name}").items:
-            with contextlib.suppress(ApiException):
-                core.delete_node(node.metadata.name)
-        with contextlib.suppress(ApiException):
-            custom.delete_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "gpunodeclasses", name)
-
-
-def claims_of(api_client: Any, pool: str) -> list[dict[str, Any]]:
-    return client.CustomObjectsApi(api_client).list_cluster_custom_object(
-        cpl.TF_GROUP, cpl.TF_VERSION, "gpunodeclaims", label_selector=f"{POOL_LABEL}={pool}"
-    )["items"]
+        release_pool(api_client, name)
 
 
 def instances(proxy: cloud.CapacityProxy, **tags: str) -> list[dict[str, Any]]:
@@ -285,18 +199,6 @@ def condition(api_client: Any, pool: str) -> dict[str, Any] | None:
     )
 
 
-def events(api_client: Any, kind: str, name: str, reason: str) -> list[Any]:
-    return [
-        e
-        for e in client.CoreV1Api(api_client)
-        .list_namespaced_event(
-            "default", field_selector=f"involvedObject.kind={kind},involvedObject.name={name}"
-        )
-        .items
-        if e.reason == reason
-    ]
-
-
 def test_min_capacity_is_bought_through_ec2_skipping_a_refused_offering_then_bound_and_compacted(
     provisioned: CloudInit, make_pool: Callable[..., str], api_client: Any, ec2: Any
 ) -> None:
@@ -305,10 +207,7 @@ def test_min_capacity_is_bought_through_ec2_skipping_a_refused_offering_then_bou
     try:
         pool = make_pool(1, types=("g5.xlarge", "g6.xlarge"), zones=("us-east-1a",))
         bound = cpl.wait_until(
-            lambda: (
-                [c for c in claims_of(api_client, pool) if (c.get("status") or {}).get("phase") == "Bound"]
-                or None
-            ),
+            lambda: bound_claims(api_client, pool),
             90,
             interval=1,
             what="a Bound GPUNodeClaim",
@@ -368,10 +267,7 @@ def test_a_claim_left_pending_by_a_killed_extender_adopts_its_vm_instead_of_buyi
     _, proxy, world = ec2
     pool = make_pool(1)
     first = cpl.wait_until(
-        lambda: (
-            [c for c in claims_of(api_client, pool) if (c.get("status") or {}).get("phase") == "Bound"]
-            or None
-        ),
+        lambda: bound_claims(api_client, pool),
         90,
         interval=1,
     )
@@ -565,14 +461,11 @@ def test_a_pool_derived_from_a_tensorfusioncluster_buys_through_its_computing_ve
             "spec": {"computingVendor": vendor, "gpuPools": [{"name": "gpu", "specTemplate": template}]},
         },
     )
-    boot = CloudInit(api_client, proxy.url)
+    boot = ec2_cloud_init(api_client, proxy.url)
     claim_name = ""
     try:
         bound = cpl.wait_until(
-            lambda: (
-                [c for c in claims_of(api_client, pool) if (c.get("status") or {}).get("phase") == "Bound"]
-                or None
-            ),
+            lambda: bound_claims(api_client, pool),
             90,
             interval=1,
             what="a Bound GPUNodeClaim of the derived pool",
