@@ -82,11 +82,11 @@ class KeyFiles:
 
     def _stat(self) -> tuple[tuple[float, int], ...]:
         out = []
-        for path in self.paths:
+        for path, what in zip(self.paths, ("accessKeyPath", "secretKeyPath"), strict=True):
             try:
                 st = os.stat(path)
-            except OSError as exc:
-                raise AuthFailure("CredentialFileMissing", f"{path}: {exc.strerror}") from exc
+            except OSError as exc:  # a Secret mounted without that key, or not mounted
+                raise AuthFailure("CredentialFileMissing", f"params.{what} {path}: {exc.strerror}") from exc
             out.append((st.st_mtime, st.st_size))
         return tuple(out)
 

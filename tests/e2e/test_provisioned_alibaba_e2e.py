@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +34,7 @@ from tests.harness.provisioned import (
     claims_of,
     events,
     provisioned_pool_body,
+    provisioner_condition,
     release_pool,
 )
 
@@ -125,7 +127,11 @@ def files(standin: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, s
     }
     (folder / "computing-vendor.yaml").write_text(yaml.safe_dump(vendor))
     (folder / "catalog.yaml").write_text(yaml.safe_dump(CATALOG))
-    return {"vendor": str(folder / "computing-vendor.yaml"), "catalog": str(folder / "catalog.yaml")}
+    return {
+        "vendor": str(folder / "computing-vendor.yaml"),
+        "catalog": str(folder / "catalog.yaml"),
+        "ak": str(folder / "ak"),
+    }
 
 
 @pytest.fixture
@@ -201,8 +207,9 @@ def test_min_capacity_is_bought_through_ecs_in_the_zone_with_stock_then_bound_an
     # the pool's first zone is sold out; the next offering, the other zone, gets the VM
     server.refuse.add((GPU_TYPE, ecs.ZONES[0]))
     try:
-        bound = cpl.wait_until(lambda: bound_claims(api_client, pool), 90, interval=1,
-                               what="a Bound GPUNodeClaim")
+        bound = cpl.wait_until(
+            lambda: bound_claims(api_client, pool), 90, interval=1, what="a Bound GPUNodeClaim"
+        )
         assert cpl.wait_until(lambda: events(api_client, "GPUPool", pool, "InsufficientCapacity"), 30)
     finally:
         server.refuse.clear()
@@ -269,3 +276,38 @@ def test_an_ecs_instance_tagged_for_the_cluster_that_no_claim_owns_is_deleted_af
     )
     assert listed(server, **{CLUSTER_TAG: "another-cluster"}), "a VM of another cluster is never touched"
     assert ghost != other
+
+
+def test_a_secret_without_its_access_key_gives_a_condition_naming_the_field_and_no_vm(
+    provisioned: CloudInit,
+    api_client: Any,
+    standin: Any,
+    files: dict[str, str],
+    request: pytest.FixtureRequest,
+) -> None:
+    """The key file goes, as when the Secret is mounted without its ``ak`` key: no launch, the pool's
+    condition names ``params.accessKeyPath``; with the file back the pool is served again."""
+    server, _ = standin
+    key = Path(files["ak"])
+    kept = key.read_text()
+    key.unlink()
+    try:
+        pool = request.getfixturevalue("pool")
+        cond = cpl.wait_until(
+            lambda: (c := provisioner_condition(api_client, pool)) and c["status"] == "False" and c,
+            60,
+            interval=1,
+            what="NodeProvisionerReady False",
+        )
+        assert "params.accessKeyPath" in cond["message"] and files["ak"] in cond["message"], cond
+        assert not listed(server, **{POOL_LABEL: pool}), "no VM without credentials"
+        assert not [
+            p
+            for action, p in server.requests
+            if action == "RunInstances" and {"Key": POOL_LABEL, "Value": pool} in p.get("Tag", [])
+        ]
+    finally:
+        key.write_text(kept)
+    cpl.wait_until(
+        lambda: bound_claims(api_client, pool), 120, interval=1, what="the pool served once the key is back"
+    )

@@ -32,6 +32,7 @@ from tests.harness.provisioned import (
     claims_of,
     events,
     provisioned_pool_body,
+    provisioner_condition,
     release_pool,
 )
 
@@ -60,18 +61,30 @@ def ec2_cloud_init(api_client: Any, endpoint: str) -> CloudInit:
     ec2 = cloud.boto_client(endpoint)
 
     def running() -> list[Booting]:
-        pages = ec2.describe_instances(Filters=[{"Name": f"tag:{CLUSTER_TAG}", "Values": [CLUSTER]},
-                                                {"Name": "instance-state-name", "Values": ["running"]}])
-        return [Booting(i["InstanceId"], i["InstanceType"], i["Placement"]["AvailabilityZone"])
-                for r in pages["Reservations"] for i in r["Instances"]]
+        pages = ec2.describe_instances(
+            Filters=[
+                {"Name": f"tag:{CLUSTER_TAG}", "Values": [CLUSTER]},
+                {"Name": "instance-state-name", "Values": ["running"]},
+            ]
+        )
+        return [
+            Booting(i["InstanceId"], i["InstanceType"], i["Placement"]["AvailabilityZone"])
+            for r in pages["Reservations"]
+            for i in r["Instances"]
+        ]
 
     def user_data(instance_id: str) -> str:
         raw = ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
         return base64.b64decode((raw.get("UserData") or {}).get("Value") or "").decode()
 
-    return CloudInit(api_client, running=running, user_data=user_data, gpus=GFD,
-                     node_name=lambda iid: f"ip-{iid[2:14]}",
-                     provider_id=lambda iid, zone: f"aws:///{zone}/{iid}")
+    return CloudInit(
+        api_client,
+        running=running,
+        user_data=user_data,
+        gpus=GFD,
+        node_name=lambda iid: f"ip-{iid[2:14]}",
+        provider_id=lambda iid, zone: f"aws:///{zone}/{iid}",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -168,8 +181,9 @@ def make_pool(api_client: Any, webhook: Any, ec2: Any) -> Iterator[Callable[...,
             {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": list(types)},
             {"key": "topology.kubernetes.io/zone", "operator": "In", "values": list(zones)},
         ]
-        cpl.create_cluster_object(api_client, "gpupools",
-                                  provisioned_pool_body(name, requirements, min_tflops=min_tflops))
+        cpl.create_cluster_object(
+            api_client, "gpupools", provisioned_pool_body(name, requirements, min_tflops=min_tflops)
+        )
         made.append(name)
         cpl.wait_for_webhook_pool(api_client, name)
         return name
@@ -187,16 +201,6 @@ def instances(proxy: cloud.CapacityProxy, **tags: str) -> list[dict[str, Any]]:
 
 def live(proxy: cloud.CapacityProxy, **tags: str) -> list[dict[str, Any]]:
     return [i for i in instances(proxy, **tags) if i["State"]["Name"] in ("pending", "running")]
-
-
-def condition(api_client: Any, pool: str) -> dict[str, Any] | None:
-    obj = client.CustomObjectsApi(api_client).get_cluster_custom_object(
-        cpl.TF_GROUP, cpl.TF_VERSION, "gpupools", pool
-    )
-    return next(
-        (c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == "NodeProvisionerReady"),
-        None,
-    )
 
 
 def test_min_capacity_is_bought_through_ec2_skipping_a_refused_offering_then_bound_and_compacted(
@@ -240,7 +244,9 @@ def test_min_capacity_is_bought_through_ec2_skipping_a_refused_offering_then_bou
     assert f"{PROVISIONER}={name}," in base64.b64decode(user_data["UserData"]["Value"]).decode()
     node = client.CoreV1Api(api_client).read_node(claim["spec"]["nodeName"])
     assert node.metadata.labels[POOL_LABEL] == pool, "the extender labels the joined node with its pool"
-    cond = cpl.wait_until(lambda: (c := condition(api_client, pool)) and c["status"] == "True" and c, 30)
+    cond = cpl.wait_until(
+        lambda: (c := provisioner_condition(api_client, pool)) and c["status"] == "True" and c, 30
+    )
     assert "connected" in cond["message"]
 
     # compaction: the pool no longer needs the node; the claim goes, its finalizer terminates the VM and
@@ -390,7 +396,12 @@ def test_a_bad_node_class_gives_a_condition_naming_the_field_and_no_vm(
     body["spec"] = {k: v for k, v in body["spec"].items() if v is not None}
     pool = make_pool(1, node_class=body)
     cond = cpl.wait_until(
-        lambda: (c := condition(api_client, pool)) and c["status"] == "False" and c["reason"] == reason and c,
+        lambda: (
+            (c := provisioner_condition(api_client, pool))
+            and c["status"] == "False"
+            and c["reason"] == reason
+            and c
+        ),
         60,
         interval=1,
         what=f"condition {reason}",
@@ -404,7 +415,9 @@ def test_a_pool_whose_node_class_does_not_exist_says_so(
 ) -> None:
     pool = make_pool(1, create_class=False)
     cond = cpl.wait_until(
-        lambda: (c := condition(api_client, pool)) and c["status"] == "False" and c, 60, interval=1
+        lambda: (c := provisioner_condition(api_client, pool)) and c["status"] == "False" and c,
+        60,
+        interval=1,
     )
     assert cond["reason"] == "NodeClassNotFound" and pool in cond["message"]
     assert not claims_of(api_client, pool)
@@ -477,7 +490,9 @@ def test_a_pool_derived_from_a_tensorfusioncluster_buys_through_its_computing_ve
         text = claim["metadata"]["annotations"]["tensor-fusion.ai/computing-vendor"]
         assert yaml.safe_load(text)["params"]["extraParams"]["endpoint"] == proxy.url
         assert cloud.SECRET_KEY not in text and cloud.ACCESS_KEY not in text, "paths are recorded, not keys"
-        cond = cpl.wait_until(lambda: (c := condition(api_client, pool)) and c["status"] == "True" and c, 30)
+        cond = cpl.wait_until(
+            lambda: (c := provisioner_condition(api_client, pool)) and c["status"] == "True" and c, 30
+        )
         assert f"TensorFusionCluster {name} spec.computingVendor" in cond["message"]
 
         # the cluster goes: its pool, then the claim, follow (garbage collector); the VM is terminated
@@ -493,7 +508,10 @@ def test_a_pool_derived_from_a_tensorfusioncluster_buys_through_its_computing_ve
         for left in claims_of(api_client, pool):
             with contextlib.suppress(ApiException):
                 custom.patch_cluster_custom_object(
-                    cpl.TF_GROUP, cpl.TF_VERSION, "gpunodeclaims", left["metadata"]["name"],
+                    cpl.TF_GROUP,
+                    cpl.TF_VERSION,
+                    "gpunodeclaims",
+                    left["metadata"]["name"],
                     {"metadata": {"finalizers": None}},
                 )
                 custom.delete_cluster_custom_object(

@@ -93,7 +93,10 @@ class MotoServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> MotoServer:
+        """Start, empty: moto's backends are this process's globals, so a module that ran an emulator
+        before in the same worker would otherwise leave its VPCs, images and instance profile behind."""
         self._server.start()
+        self.reset()
         return self
 
     def stop(self) -> None:

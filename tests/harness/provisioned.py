@@ -140,6 +140,15 @@ def bound_claims(api_client: Any, pool: str) -> list[dict[str, Any]] | None:
     return [c for c in claims_of(api_client, pool) if (c.get("status") or {}).get("phase") == "Bound"] or None
 
 
+def provisioner_condition(api_client: Any, pool: str) -> dict[str, Any] | None:
+    """The pool's ``NodeProvisionerReady`` condition, or None."""
+    obj = client.CustomObjectsApi(api_client).get_cluster_custom_object(
+        TF_GROUP, TF_VERSION, "gpupools", pool
+    )
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "NodeProvisionerReady"), None)
+
+
 def events(api_client: Any, kind: str, name: str, reason: str) -> list[Any]:
     return [
         e

@@ -429,7 +429,9 @@ class ProvisionedLauncher:
             else:
                 message = f"{name}: {request.instance_type}: {exc}"
                 self.port.record(pool, "LaunchFailed", message, "Warning")
-                self._held[config.name] = (time.monotonic() + self.config.capacity_backoff_seconds, message)
+                if not isinstance(exc, AuthFailure):  # bad credentials hold the vendor, until a retest passes
+                    until = time.monotonic() + self.config.capacity_backoff_seconds
+                    self._held[config.name] = (until, message)
                 problems[config.name] = (
                     "AuthFailed" if isinstance(exc, AuthFailure) else "LaunchFailed",
                     message,
