@@ -20,6 +20,7 @@ from extender.common.timefmt import parse_duration
 NS = 10**9
 DEFAULT_HISTORY_PERIOD_NS = 2 * 3600 * NS
 DEFAULT_INITIAL_DELAY_NS = 30 * 60 * NS
+MAX_HISTORY_PERIOD_NS = 30 * 86400 * NS  # TensorFusion's limit on historyDataPeriod
 QOS_LEVELS = ("low", "medium", "high", "critical")
 TARGETS = ("all", "compute", "vram")
 CRON_TZ_PREFIXES = ("CRON_TZ=", "TZ=")
@@ -100,6 +101,7 @@ class AutoSetResources:
     percentiles: Percentiles
     history_period_ns: int
     initial_delay_ns: int
+    interval_ns: int = 0  # autoSetResources.interval: how often the workload is evaluated; 0: every pass
 
     def scales(self, resource: str) -> bool:
         """Whether a resize may move ``resource`` ("compute" or "vram")."""
@@ -197,14 +199,20 @@ def _auto_set(obj: Any, path: str, problems: list[str]) -> AutoSetResources | No
         problems.append(f"{path}.targetResource: {obj.get('targetResource')!r} is not one of "
                         f"{', '.join(TARGETS)}; nothing is resized")
         target = ""
+    history = _duration(obj.get("historyDataPeriod"), DEFAULT_HISTORY_PERIOD_NS, f"{path}.historyDataPeriod",
+                        problems)
+    if history > MAX_HISTORY_PERIOD_NS:
+        problems.append(f"{path}.historyDataPeriod: {obj.get('historyDataPeriod')!r} is longer than 30 days; "
+                        "using 30 days")
+        history = MAX_HISTORY_PERIOD_NS
     return AutoSetResources(
         enable=obj.get("enable") is True,
         target=target,
         percentiles=Percentiles(**values),
-        history_period_ns=_duration(obj.get("historyDataPeriod"), DEFAULT_HISTORY_PERIOD_NS,
-                                    f"{path}.historyDataPeriod", problems),
+        history_period_ns=history,
         initial_delay_ns=_duration(obj.get("initialDelayPeriod"), DEFAULT_INITIAL_DELAY_NS,
                                    f"{path}.initialDelayPeriod", problems),
+        interval_ns=_duration(obj.get("interval"), 0, f"{path}.interval", problems),
     )
 
 

@@ -133,3 +133,20 @@ def test_a_restart_starts_from_the_stored_recommendation() -> None:
     assert status["recommendation"]["requests"]["tflops"] == "47"
     assert status["recommendation"]["requests"]["vram"] != "4Gi"
     assert state.gpu_usage()["g1"][1] == 4 * GIB
+
+
+def test_a_workload_is_evaluated_on_its_own_interval_and_a_long_history_is_capped() -> None:
+    """autoSetResources.interval paces each workload, as TensorFusion's loader does (the loop's passes
+    are only the tick); historyDataPeriod beyond 30 days is TensorFusion's limit, named and applied."""
+    profile = {"spec": {"autoScalingConfig": {"autoSetResources": {
+        "enable": True, "targetResource": "compute", "interval": "5m", "historyDataPeriod": "1440h"}}}}
+    a = _autoscaled("a", "ua", "10")
+    a["metadata"]["annotations"]["tensor-fusion.ai/workload-profile"] = "p"
+    state, workloads, events = _state(a), Workloads(profile), Events()
+    loop = _loop(state, [a], workloads, _usage("a", 40.0), events)
+    for seconds in (0, 30, 60, 299, 300, 330):
+        asyncio.run(loop.reconcile(NOW + dt.timedelta(seconds=seconds)))
+    assert len(workloads.patches) == 2, "evaluated at 0 s and 300 s, not on every pass"
+    (condition,) = workloads.patches[0]["conditions"]
+    assert "autoSetResources.historyDataPeriod: '1440h' is longer than 30 days; using 30 days" in \
+        condition["message"]

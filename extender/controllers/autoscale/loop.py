@@ -68,6 +68,7 @@ class _Memory:
     message: str = ""
     seeded: bool = False
     history_ns: int = 0
+    evaluated_ns: int = 0  # when the workload was last evaluated (autoSetResources.interval paces it)
     # worker uid -> (target, what it held) after a resize limited by room: not asked again until either moves
     limited: dict[str, tuple[Target, Fraction, int]] = field(default_factory=dict)
 
@@ -190,6 +191,10 @@ class WorkloadAutoscaler:
             original = original_of(request)
         now_ns = int(now.timestamp() * 10**9)
         memory = self._remember(namespace, name, tfw, config, now_ns)
+        every = config.auto_set.interval_ns if config.auto_set is not None else 0
+        if every and memory.evaluated_ns and now_ns - memory.evaluated_ns < every:
+            return  # not due: autoSetResources.interval, as TensorFusion evaluates each workload on its own
+        memory.evaluated_ns = now_ns
         status: dict[str, Any] = {"workerCount": len(pods)}
         unavailable = ""
         if config.configured() and source is not None:
