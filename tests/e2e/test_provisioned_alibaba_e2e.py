@@ -32,7 +32,6 @@ from tests.harness.provisioned import (
     GPUs,
     bound_claims,
     claims_of,
-    events,
     provisioned_pool_body,
     provisioner_condition,
     release_pool,
@@ -210,7 +209,9 @@ def test_min_capacity_is_bought_through_ecs_in_the_zone_with_stock_then_bound_an
         bound = cpl.wait_until(
             lambda: bound_claims(api_client, pool), 90, interval=1, what="a Bound GPUNodeClaim"
         )
-        assert cpl.wait_until(lambda: events(api_client, "GPUPool", pool, "InsufficientCapacity"), 30)
+        refused = cpl.wait_until(
+            lambda: cpl.object_events(api_client, "GPUPool", pool, "InsufficientCapacity"), 30)
+        assert refused
     finally:
         server.refuse.clear()
     claim = bound[0]

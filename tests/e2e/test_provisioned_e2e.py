@@ -30,7 +30,6 @@ from tests.harness.provisioned import (
     GPUs,
     bound_claims,
     claims_of,
-    events,
     provisioned_pool_body,
     provisioner_condition,
     release_pool,
@@ -219,7 +218,7 @@ def test_min_capacity_is_bought_through_ec2_skipping_a_refused_offering_then_bou
     finally:
         proxy.refuse.clear()
     assert ("g6.xlarge", "us-east-1a") in proxy.refused
-    assert cpl.wait_until(lambda: events(api_client, "GPUPool", pool, "InsufficientCapacity"), 30)
+    assert cpl.wait_until(lambda: cpl.object_events(api_client, "GPUPool", pool, "InsufficientCapacity"), 30)
     claim = bound[0]
     name, instance_id = claim["metadata"]["name"], claim["status"]["instanceID"]
     assert (
@@ -320,7 +319,7 @@ def test_a_vm_whose_node_never_joins_is_terminated_after_the_join_timeout(
     )
     claim_name, instance_id = first[0]["metadata"]["name"], first[0]["status"]["instanceID"]
     cpl.wait_until(
-        lambda: events(api_client, "GPUNodeClaim", claim_name, "NodeNotJoined"),
+        lambda: cpl.object_events(api_client, "GPUNodeClaim", claim_name, "NodeNotJoined"),
         JOIN_TIMEOUT + 60,
         interval=1,
         what="NodeNotJoined",

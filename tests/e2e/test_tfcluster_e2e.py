@@ -27,6 +27,7 @@ from tests import harness as cpl
 pytestmark = pytest.mark.e2e
 
 G, V = cpl.TF_GROUP, cpl.TF_VERSION
+_events = cpl.object_events
 MANAGED_BY = "tensor-fusion.ai/managed-by"
 DEFAULT_POOL = "tensor-fusion.ai/is-default-pool"
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
@@ -54,18 +55,6 @@ def _get(custom: client.CustomObjectsApi, plural: str, name: str) -> dict[str, A
         if exc.status == 404:
             return None
         raise
-
-
-def _events(api_client: Any, kind: str, name: str, reason: str) -> list[Any]:
-    return [
-        e
-        for e in client.CoreV1Api(api_client)
-        .list_namespaced_event(
-            "default", field_selector=f"involvedObject.kind={kind},involvedObject.name={name}"
-        )
-        .items
-        if e.reason == reason
-    ]
 
 
 def _wait(predicate: Callable[[], Any], what: str, timeout: float = 60) -> Any:

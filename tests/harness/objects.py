@@ -212,6 +212,16 @@ def pod_events(api_client, namespace: str, name: str, reason: str | None = None)
     return [e for e in evs if reason is None or e.reason == reason]
 
 
+def object_events(api_client: Any, kind: str, name: str, reason: str,
+                  namespace: str = "default") -> list[Any]:
+    """The events of one object (a cluster-scoped object's land in ``default``) with the given reason."""
+    from kubernetes import client
+
+    evs = client.CoreV1Api(api_client).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.kind={kind},involvedObject.name={name}").items
+    return [e for e in evs if e.reason == reason]
+
+
 def bind_pod(api_client, namespace: str, name: str, node: str) -> None:
     """Post a Binding by hand (what a scheduler does)."""
     from kubernetes import client

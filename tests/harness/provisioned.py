@@ -149,18 +149,6 @@ def provisioner_condition(api_client: Any, pool: str) -> dict[str, Any] | None:
     return next((c for c in conditions if c["type"] == "NodeProvisionerReady"), None)
 
 
-def events(api_client: Any, kind: str, name: str, reason: str) -> list[Any]:
-    return [
-        e
-        for e in client.CoreV1Api(api_client)
-        .list_namespaced_event(
-            "default", field_selector=f"involvedObject.kind={kind},involvedObject.name={name}"
-        )
-        .items
-        if e.reason == reason
-    ]
-
-
 def release_pool(api_client: Any, name: str, *, node_class: str | None = None) -> None:
     """A test's pool goes, then its claims (whose finalizers terminate the VMs) and Nodes; finalizers are
     stripped only if the extender could not finish within a minute."""
