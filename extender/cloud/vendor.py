@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from extender.cloud.provider import AuthFailure
@@ -70,6 +70,25 @@ def parse_vendor(raw: Any, where: str = "spec.computingVendor") -> VendorConfig:
     if config.uses_keys and not (config.access_key_path and config.secret_key_path):
         problems.append(f"{where}.params: authType {ACCESS_KEY} needs accessKeyPath and secretKeyPath")
     return VendorConfig(**{**config.__dict__, "problems": tuple(problems)})
+
+
+DEFAULT_KEY_DIR = "/tmp"  # TensorFusion's chart mounts its Secret at /tmp/secret
+
+
+def confined(config: VendorConfig, key_dir: str, where: str) -> VendorConfig:
+    """A computingVendor from a cluster object may name key files only under ``key_dir`` (symlinks
+    resolved, as kubelet's Secret mounts use them). Otherwise whoever may write a TensorFusionCluster
+    could name any file the extender can read, the ServiceAccount token included, and an endpoint of
+    theirs, and receive the file's first line as the access key id in every signed request."""
+    if not key_dir:
+        return config
+    root = os.path.realpath(key_dir)
+    problems = []
+    for path, what in ((config.access_key_path, "accessKeyPath"), (config.secret_key_path, "secretKeyPath")):
+        if path and os.path.commonpath([root, os.path.realpath(path)]) != root:
+            problems.append(f"{where}.params.{what}={path!r}: key files are read only under "
+                            f"--cloud-key-dir {key_dir}")
+    return replace(config, problems=(*config.problems, *problems)) if problems else config
 
 
 class KeyFiles:

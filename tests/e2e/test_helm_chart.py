@@ -414,7 +414,8 @@ def test_cloud_vendor_credentials_secret_and_mount(helm):
     assert all(m["name"] != "cloud-vendor-credentials" for m in scheduler.get("volumeMounts") or []), (
         "only the extender runs the capacity controllers")
 
-    objs = render(helm, *VENDOR_KEYS, "--set", "cloudVendorCredentials.mountPath=/etc/cloud")
+    objs = render(helm, *VENDOR_KEYS, "--set", "cloudVendorCredentials.mountPath=/etc/cloud",
+                  "--set", "capacity.cloudKeyDir=/etc/cloud")
     secret = _find(objs, "Secret", VENDOR_SECRET)
     assert secret["metadata"]["namespace"] == NS
     assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
@@ -429,6 +430,8 @@ def test_cloud_vendor_credentials_secret_and_mount(helm):
          "\"dummy\" is TensorFusion's placeholder"),
         (("--set", "cloudVendorCredentials.accessKey=AKIA-ONLY"), "set both accessKey and secretKey"),
         (("--set", "cloudVendorCredentials.mountPath=relative"), "at '/cloudVendorCredentials/mountPath'"),
+        (("--set", "cloudVendorCredentials.mountPath=/etc/cloud"),
+         "cloudVendorCredentials.mountPath /etc/cloud is outside capacity.cloudKeyDir /tmp"),
     ):
         failed = _run(helm, "template", RELEASE, CHART, *sets, check=False)
         assert failed.returncode != 0 and message in failed.stderr, failed.stderr
@@ -860,7 +863,7 @@ EVERY_EXTENDER_VALUE = {
     "capacity.catalogConfigMap": "ns/catalog",
     "autoscale.enabled": "true", "autoscale.interval": "1m", "autoscale.cronTimeZone": "Europe/Paris",
     "capacity.clusterName": "prod", "capacity.nodeJoinTimeout": "20m", "capacity.orphanGrace": "1h",
-    "capacity.capacityErrorBackoff": "2m",
+    "capacity.capacityErrorBackoff": "2m", "capacity.cloudKeyDir": "/tmp/secret",
     "autoscale.prometheusUrl": "http://prometheus:9090", "autoscale.usageMetrics": "hypervisor",
     "autoscale.tflopsQuery": "tflops_q", "autoscale.vramQuery": "vram_q", "autoscale.prometheusStep": "1m",
     "autoscale.prometheusMaxPoints": "200",

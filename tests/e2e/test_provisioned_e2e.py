@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -443,6 +444,7 @@ def test_a_pool_derived_from_a_tensorfusioncluster_buys_through_its_computing_ve
         orphan_grace=ORPHAN_GRACE,
         capacity_error_backoff=120,
         tensorfusion_cluster_interval=1,
+        cloud_key_dir=tempfile.gettempdir(),  # where the module's key files are (TMPDIR may not be /tmp)
     )
     custom = client.CustomObjectsApi(api_client)
     name = f"tfc-{uuid.uuid4().hex[:6]}"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -356,7 +357,7 @@ def extender(installed: None, extender_runner: cpl.ExtenderRunner, catalog: str)
     workload autoscaling on (``--autoscale``), as the guide's autoscaling step needs."""
     extender_runner.ensure(capacity_interval=1, node_protection_time=20, catalog_configmap=catalog,
                            gpu_node_interval=1, autoscale=True, autoscale_interval="1s",
-                           tensorfusion_cluster_interval="1s")
+                           tensorfusion_cluster_interval="1s", cloud_key_dir=tempfile.gettempdir())
     return extender_runner
 
 

@@ -135,3 +135,37 @@ def test_a_claim_whose_pool_and_cluster_are_gone_uses_what_it_recorded_then_the_
 def test_a_claim_without_a_record_uses_its_pools_vendor() -> None:
     clusters = {"a": cluster("a", raw_vendor("us-west-2"))}
     assert claim_vendor(claim("c1"), pool("a-p", owner="a"), clusters, FALLBACK).config.region == "us-west-2"
+
+
+def test_a_clusters_key_files_must_be_under_the_key_dir_symlinks_resolved(tmp_path: Any) -> None:
+    """Whoever may write a TensorFusionCluster must not make the extender read another file (the
+    ServiceAccount token) and send it, as the access key id, to an endpoint of theirs."""
+    keys = tmp_path / "keys"
+    (keys / "..data").mkdir(parents=True)
+    (keys / "..data" / "ak").write_text("AKIA")
+    (keys / "ak").symlink_to(keys / "..data" / "ak")  # as kubelet mounts a Secret
+    (keys / "sk").write_text("s")
+    (keys / "escape").symlink_to("/etc/hostname")
+    token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    cases = {
+        "inside": (str(keys / "ak"), str(keys / "sk"), None),
+        "the token": (token, str(keys / "sk"), f"params.accessKeyPath='{token}'"),
+        "a symlink out": (str(keys / "ak"), str(keys / "escape"), "params.secretKeyPath="),
+        "dot-dot": (str(keys / ".." / "ak"), str(keys / "sk"), "params.accessKeyPath="),
+    }
+    for case, (ak, sk, problem) in cases.items():
+        clusters = {"a": cluster("a", raw_vendor(accessKeyPath=ak, secretKeyPath=sk))}
+        choice = pool_vendor(pool("a-p", owner="a"), clusters, FALLBACK, str(keys))
+        if problem is None:
+            assert not choice.config.problems, (case, choice.config.problems)
+        else:
+            (text,) = choice.config.problems
+            assert text.startswith("TensorFusionCluster a spec.computingVendor." + problem), (case, text)
+            assert f"key files are read only under --cloud-key-dir {keys}" in text, (case, text)
+    # the operator's own file is exempt; a claim's recorded vendor, which a tenant could edit, is not
+    outside = VendorChoice(parse_vendor(raw_vendor(accessKeyPath=token), "computingVendor"),
+                           "--computing-vendor")
+    assert pool_vendor(pool("mine"), {}, outside, str(keys)).config.problems == ()
+    claim = {"metadata": {"name": "c", "annotations": {COMPUTING_VENDOR: recorded_text(outside.config)}}}
+    recorded = recorded_vendor(claim, str(keys))
+    assert recorded is not None and "params.accessKeyPath" in recorded.config.problems[0]

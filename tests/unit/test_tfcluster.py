@@ -335,3 +335,13 @@ def test_vendor_checks(
     assert (connection.ok, connection.reason) == (ok, reason)
     assert message in connection.message
     assert reader.paths == (["/apis/karpenter.sh/v1/nodeclaims"] if vendor_type == "karpenter" else [])
+
+
+def test_the_connection_check_reads_key_files_only_under_the_key_dir(tmp_path: Any) -> None:
+    raw = {"type": "alibaba", "authType": "accessKey",
+           "params": {"defaultRegion": "cn-hangzhou", "accessKeyPath": "/etc/hostname",
+                      "secretKeyPath": str(tmp_path / "sk")}}
+    connection = asyncio.run(vendor.connection_check("alibaba", str(tmp_path))(raw, _Reader(None)))
+    assert (connection.ok, connection.reason) == (False, "CloudVendorConnectionFailed")
+    assert "spec.computingVendor.params.accessKeyPath='/etc/hostname'" in connection.message
+    assert "--cloud-key-dir" in connection.message

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from extender.cloud.vendor import DEFAULT_KEY_DIR
 from extender.common.options import duration
 from extender.controllers import LEADER_LEASE
 from extender.planning.removal import DEFAULT_PROTECTION_SECONDS
@@ -32,6 +33,7 @@ class CapacityConfig:
     join_timeout_seconds: float = DEFAULT_JOIN_TIMEOUT
     orphan_grace_seconds: float = DEFAULT_ORPHAN_GRACE
     capacity_backoff_seconds: float = DEFAULT_CAPACITY_BACKOFF
+    cloud_key_dir: str = DEFAULT_KEY_DIR
 
     def __post_init__(self) -> None:
         if self.interval_seconds <= 0:
@@ -71,6 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "params.defaultRegion, accessKeyPath/secretKeyPath, extraParams) of pools no "
                             "TensorFusionCluster owns, or whose cluster has none (a derived pool uses its "
                             "cluster's spec.computingVendor); read on every reconcile")
+    group.add_argument("--cloud-key-dir", default=DEFAULT_KEY_DIR, metavar="DIR",
+                       help="Provisioned mode: a TensorFusionCluster's (or a claim's recorded) "
+                            "computingVendor may name key files only under this directory; "
+                            f"--computing-vendor's file is yours and exempt (default {DEFAULT_KEY_DIR})")
     group.add_argument("--cluster-name", default=DEFAULT_CLUSTER_NAME,
                        help="Provisioned mode: the tag tensor-fusion.ai/cluster on every VM; the orphan "
                             f"sweep terminates only VMs tagged with it (default {DEFAULT_CLUSTER_NAME})")
@@ -95,5 +101,5 @@ def from_args(args: argparse.Namespace) -> CapacityConfig:
         catalog_configmap=args.catalog_configmap, computing_vendor_file=args.computing_vendor_file,
         cluster_name=str(args.cluster_name), join_timeout_seconds=float(args.node_join_timeout),
         orphan_grace_seconds=float(args.orphan_grace),
-        capacity_backoff_seconds=float(args.capacity_error_backoff),
+        capacity_backoff_seconds=float(args.capacity_error_backoff), cloud_key_dir=str(args.cloud_key_dir),
     )

@@ -245,8 +245,9 @@ class ProvisionedLauncher:
             return []  # no Provisioned pool and no cloud: nothing to do (with a cloud, the orphan sweep runs)
         clusters = {object_name(c): c for c in (self.clusters.list() if self.clusters is not None else [])}
         fallback = self._fallback()
-        pool_choice = {c.name: pool_vendor(pools[c.name], clusters, fallback) for c in configs}
-        claim_choice = {object_name(c): claim_vendor(c, pools.get(_pool_of(c)), clusters, fallback)
+        key_dir = self.config.cloud_key_dir
+        pool_choice = {c.name: pool_vendor(pools[c.name], clusters, fallback, key_dir) for c in configs}
+        claim_choice = {object_name(c): claim_vendor(c, pools.get(_pool_of(c)), clusters, fallback, key_dir)
                         for c in claims}
         wanted: dict[VendorKey, VendorChoice] = {}
         for choice in [*pool_choice.values(), *claim_choice.values(), *([fallback] if fallback else [])]:

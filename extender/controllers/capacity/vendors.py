@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from extender.cloud.vendor import VendorConfig, parse_vendor
+from extender.cloud.vendor import VendorConfig, confined, parse_vendor
 from extender.common.labels import COMPUTING_VENDOR, MANAGED_BY
 from extender.kube.resources import TENSOR_FUSION_CLUSTERS
 
@@ -63,8 +63,9 @@ def _problem(source: str, message: str) -> VendorChoice:
 
 
 def pool_vendor(pool: Mapping[str, Any], clusters: Mapping[str, Mapping[str, Any]],
-                fallback: VendorChoice | None) -> VendorChoice:
-    """The vendor a pool's VMs are bought through (a choice with ``config.problems`` when there is none)."""
+                fallback: VendorChoice | None, key_dir: str = "") -> VendorChoice:
+    """The vendor a pool's VMs are bought through (a choice with ``config.problems`` when there is none).
+    A cluster's vendor may name key files only under ``key_dir`` ("": anywhere, for tools that read none)."""
     name = str(_meta(pool).get("name") or "")
     cluster_name = owner_cluster(pool)
     if not cluster_name:
@@ -84,7 +85,7 @@ def pool_vendor(pool: Mapping[str, Any], clusters: Mapping[str, Mapping[str, Any
     if raw is None:
         return fallback or _problem(
             where, f"{where}: missing (and the extender runs without --computing-vendor)")
-    return VendorChoice(parse_vendor(raw, where), where)
+    return VendorChoice(confined(parse_vendor(raw, where), key_dir, where), where)
 
 
 def recorded_text(config: VendorConfig) -> str:
@@ -102,7 +103,7 @@ def recorded_text(config: VendorConfig) -> str:
     return json.dumps(raw, sort_keys=True, separators=(",", ":"))
 
 
-def recorded_vendor(claim: Mapping[str, Any]) -> VendorChoice | None:
+def recorded_vendor(claim: Mapping[str, Any], key_dir: str = "") -> VendorChoice | None:
     """The vendor the claim's VM was bought through, when the claim records one that parses."""
     text = (_meta(claim).get("annotations") or {}).get(COMPUTING_VENDOR)
     if not text:
@@ -113,15 +114,18 @@ def recorded_vendor(claim: Mapping[str, Any]) -> VendorChoice | None:
     except ValueError:
         return None
     config = parse_vendor(raw, where)
-    return None if config.problems else VendorChoice(config, where)
+    if config.problems:
+        return None
+    return VendorChoice(confined(config, key_dir, where), where)  # an edited annotation names no other file
 
 
 def claim_vendor(claim: Mapping[str, Any], pool: Mapping[str, Any] | None,
-                 clusters: Mapping[str, Mapping[str, Any]], fallback: VendorChoice | None) -> VendorChoice:
+                 clusters: Mapping[str, Mapping[str, Any]], fallback: VendorChoice | None,
+                 key_dir: str = "") -> VendorChoice:
     """The vendor through which the claim's VM is described and terminated."""
-    recorded = recorded_vendor(claim)
+    recorded = recorded_vendor(claim, key_dir)
     if pool is not None:
-        current = pool_vendor(pool, clusters, fallback)
+        current = pool_vendor(pool, clusters, fallback, key_dir)
         if recorded is None or (not current.config.problems and same_place(current.config, recorded.config)):
             return current
         return recorded

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from extender.cloud.vendor import DEFAULT_KEY_DIR
 from extender.common.options import duration
 
 DEFAULT_INTERVAL = 30.0
@@ -14,6 +15,7 @@ DEFAULT_INTERVAL = 30.0
 class TFClusterConfig:
     enabled: bool = True
     interval_seconds: float = DEFAULT_INTERVAL
+    cloud_key_dir: str = DEFAULT_KEY_DIR  # --cloud-key-dir (a capacity flag): where key files may be
 
     def __post_init__(self) -> None:
         if self.interval_seconds <= 0:
@@ -35,4 +37,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace) -> TFClusterConfig:
     return TFClusterConfig(enabled=bool(args.tfcluster_enabled),
-                           interval_seconds=float(args.tensorfusion_cluster_interval))
+                           interval_seconds=float(args.tensorfusion_cluster_interval),
+                           cloud_key_dir=str(getattr(args, "cloud_key_dir", DEFAULT_KEY_DIR)))

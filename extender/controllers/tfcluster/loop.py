@@ -227,7 +227,8 @@ class TFClusterController:
         fresh = cached is not None and time.monotonic() - cached[1] < VENDOR_RECHECK_SECONDS
         if cached is not None and fresh and cached[0] == digest:
             return cached[2]
-        connection = await vendor.connection_check(str(config.get("type")))(config, self._reader)
+        check = vendor.connection_check(str(config.get("type")), self.config.cloud_key_dir)
+        connection = await check(config, self._reader)
         self._connections[name] = (digest, time.monotonic(), connection)
         return connection
 

@@ -9,6 +9,7 @@ reports the cloud's message.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -58,13 +59,14 @@ async def check_karpenter(vendor: Mapping[str, Any], reader: Reader) -> Connecti
     return Connection(True, "CloudVendorConnectionOK", "Karpenter's NodeClaims can be listed")
 
 
-async def check_cloud(vendor: Mapping[str, Any], reader: Reader) -> Connection:
-    """A Provisioned-mode vendor: the computingVendor parsed, then the provider's connection test."""
+async def check_cloud(vendor: Mapping[str, Any], reader: Reader, key_dir: str = "") -> Connection:
+    """A Provisioned-mode vendor: the computingVendor parsed (its key files only under ``key_dir``), then
+    the provider's connection test."""
     from extender.cloud.factory import make_provider
     from extender.cloud.provider import CloudError
-    from extender.cloud.vendor import parse_vendor
+    from extender.cloud.vendor import confined, parse_vendor
 
-    config = parse_vendor(vendor)
+    config = confined(parse_vendor(vendor), key_dir, "spec.computingVendor")
     if config.problems:
         return Connection(False, "CloudVendorConnectionFailed", "; ".join(config.problems))
     try:
@@ -104,9 +106,12 @@ CHECKS: dict[str, Check] = {
 }
 
 
-def connection_check(vendor_type: str) -> Check:
-    """The check for a vendor type; an unknown type is answered with a condition, never an error."""
+def connection_check(vendor_type: str, key_dir: str = "") -> Check:
+    """The check for a vendor type; an unknown type is answered with a condition, never an error. A cloud
+    vendor's key files are read only under ``key_dir`` (the serve flag --cloud-key-dir)."""
     found = CHECKS.get(vendor_type)
+    if found is check_cloud:
+        return functools.partial(check_cloud, key_dir=key_dir)
     if found is not None:
         return found
 
