@@ -18,7 +18,7 @@ import yaml
 from extender.autoscaling.usage import StaticUsageSource
 from extender.cloud.nodeclass import parse_node_class
 from extender.cloud.provider import LaunchRequest
-from extender.cloud.vendor import VendorConfig, parse_vendor
+from extender.cloud.vendor import VendorConfig, read_vendor_file
 from extender.common.options import duration
 from extender.common.output import add_output_argument, json_lines, table, yaml_document
 from extender.common.progress import Progress
@@ -140,15 +140,11 @@ def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = Non
         fallback: VendorChoice | None = None
         if getattr(args, "computing_vendor", None):
             try:
-                with open(args.computing_vendor, encoding="utf-8") as handle:
-                    raw = yaml.safe_load(handle)
+                fallback = VendorChoice(read_vendor_file(args.computing_vendor),
+                                        f"--computing-vendor {args.computing_vendor}")
             except (OSError, yaml.YAMLError) as exc:
                 print(f"{prog}: {exc}", file=sys.stderr)
                 return 2
-            if isinstance(raw, dict) and "computingVendor" in raw:
-                raw = raw["computingVendor"]
-            fallback = VendorChoice(parse_vendor(raw, "computingVendor"),
-                                    f"--computing-vendor {args.computing_vendor}")
         clusters = {object_name(o): o for o in objects if _kind(o) == "TensorFusionCluster"}
         pools = {object_name(o): o for o in objects if _kind(o) == "GPUPool"}
         classes = {object_name(o): o for o in objects if _kind(o) == "GPUNodeClass"}
@@ -247,7 +243,7 @@ def _read_prometheus(args: argparse.Namespace, objects: Sequence[dict[str, Any]]
 PLANNED_CLAIM = "__GPU_NODE_RESOURCE_NAME__"
 
 
-def cloud_request(payload: LaunchPayload, classes: dict[str, dict[str, Any]], vendor_raw: Any,
+def cloud_request(payload: LaunchPayload, classes: dict[str, dict[str, Any]], vendor: VendorConfig,
                   cluster: str) -> dict[str, Any]:
     """The request the cloud would be sent for one VM of a Provisioned launch. The claim's name is chosen
     at launch, so it stays the placeholder; the user data is given as its SHA-256 digest; images, subnets
@@ -257,7 +253,6 @@ def cloud_request(payload: LaunchPayload, classes: dict[str, dict[str, Any]], ve
     if obj is None:
         return {"error": f"GPUNodeClass {config.gpu_node_class!r} is not in the snapshot"}
     node_class = parse_node_class(obj)
-    vendor = vendor_raw if isinstance(vendor_raw, VendorConfig) else parse_vendor(vendor_raw)
     if node_class.problems or vendor.problems:
         return {"error": "; ".join((*node_class.problems, *vendor.problems))}
     offer = payload.launch.offering

@@ -72,6 +72,18 @@ def parse_vendor(raw: Any, where: str = "spec.computingVendor") -> VendorConfig:
     return VendorConfig(**{**config.__dict__, "problems": tuple(problems)})
 
 
+def read_vendor_file(path: str) -> VendorConfig:
+    """The ``--computing-vendor`` file (the block alone, or under a ``computingVendor:`` key), parsed.
+    Raises OSError or yaml.YAMLError when it cannot be read."""
+    import yaml
+
+    with open(path, encoding="utf-8") as handle:
+        raw = yaml.safe_load(handle)
+    if isinstance(raw, Mapping) and "computingVendor" in raw:
+        raw = raw["computingVendor"]
+    return parse_vendor(raw, "computingVendor")
+
+
 DEFAULT_KEY_DIR = "/tmp"  # TensorFusion's chart mounts its Secret at /tmp/secret
 
 

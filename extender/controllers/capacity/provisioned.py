@@ -48,7 +48,7 @@ from extender.cloud.provider import (
     LaunchRequest,
     Provider,
 )
-from extender.cloud.vendor import VendorConfig, parse_vendor
+from extender.cloud.vendor import VendorConfig, read_vendor_file
 from extender.common.contract import POOL_LABEL
 from extender.common.labels import (
     COMPUTING_VENDOR,
@@ -81,6 +81,7 @@ from extender.kube.client import error_message
 from extender.kube.informer import WatchCache
 from extender.kube.resources import GPU_NODE_CLAIMS, GPU_NODE_CLASSES, NODES
 from extender.planning.action import Action
+from extender.planning.inputs import claim_pool
 from extender.planning.pool import PoolConfig, pool_config
 from extender.scheduling.inventory import object_name
 
@@ -169,13 +170,9 @@ class ProvisionedLauncher:
             return None
         source = f"--computing-vendor {path}"
         try:
-            with open(path, encoding="utf-8") as handle:
-                raw = yaml.safe_load(handle)
+            return VendorChoice(read_vendor_file(path), source)
         except (OSError, yaml.YAMLError) as exc:
             return VendorChoice(VendorConfig("", problems=(f"{source}: {exc}",)), source)
-        if isinstance(raw, Mapping) and "computingVendor" in raw:
-            raw = raw["computingVendor"]
-        return VendorChoice(parse_vendor(raw, "computingVendor"), source)
 
     async def provider(self, choice: VendorChoice) -> Provider | None:
         """The working provider of a vendor, or None with its ``_Vendor.error`` saying why."""
@@ -247,7 +244,7 @@ class ProvisionedLauncher:
         fallback = self._fallback()
         key_dir = self.config.cloud_key_dir
         pool_choice = {c.name: pool_vendor(pools[c.name], clusters, fallback, key_dir) for c in configs}
-        claim_choice = {object_name(c): claim_vendor(c, pools.get(_pool_of(c)), clusters, fallback, key_dir)
+        claim_choice = {object_name(c): claim_vendor(c, pools.get(claim_pool(c)), clusters, fallback, key_dir)
                         for c in claims}
         wanted: dict[VendorKey, VendorChoice] = {}
         for choice in [*pool_choice.values(), *claim_choice.values(), *([fallback] if fallback else [])]:
@@ -265,7 +262,7 @@ class ProvisionedLauncher:
                 problems[config.name] = self._problem(pool_choice[config.name])
         by_pool = {c.name: c for c in configs if c.name not in problems}
         for claim in claims:
-            owner = by_pool.get(_pool_of(claim))
+            owner = by_pool.get(claim_pool(claim))
             choice = claim_choice[object_name(claim)]
             provider = providers[choice.key]
             if owner is not None and provider is not None and \
@@ -676,10 +673,6 @@ class ProvisionedLauncher:
         else:
             wanted = {"type": CONDITION, "status": "False", "reason": problem[0], "message": problem[1]}
         await write_condition(self.port, self.view.pools.get(config.name) or {}, config.name, wanted)
-
-
-def _pool_of(claim: Mapping[str, Any]) -> str:
-    return str(((claim.get("metadata") or {}).get("labels") or {}).get(POOL_LABEL) or "")
 
 
 def _time(claim: Mapping[str, Any]) -> dt.datetime | None:
