@@ -44,7 +44,8 @@ from extender.cloud.provider import (
 from extender.cloud.tags import TAG_CLAIM, TAG_CLUSTER, instance_tags
 from extender.cloud.vendor import KeyFiles, VendorConfig
 
-ECS_VERSION, VPC_VERSION = "2014-05-26", "2016-04-28"
+VPC_VERSION = "2016-04-28"
+CONNECT_TIMEOUT_MS, READ_TIMEOUT_MS = 10_000, 30_000
 CAPACITY_CODES = frozenset(
     {
         "OperationDenied.NoStock",
@@ -196,7 +197,8 @@ class AlibabaProvider:
         from alibabacloud_tea_openapi.utils_models import Config
 
         region = self.config.region
-        settings: dict[str, Any] = {"region_id": region, "connect_timeout": 10_000, "read_timeout": 30_000}
+        settings: dict[str, Any] = {"region_id": region, "connect_timeout": CONNECT_TIMEOUT_MS,
+                                    "read_timeout": READ_TIMEOUT_MS}
         try:
             if self._keys is not None:
                 settings["access_key_id"], settings["access_key_secret"] = self._keys.read()
@@ -220,7 +222,7 @@ class AlibabaProvider:
     def _runtime() -> Any:
         from darabonba.runtime import RuntimeOptions
 
-        return RuntimeOptions(autoretry=False, connect_timeout=10_000, read_timeout=30_000)
+        return RuntimeOptions(autoretry=False)  # the timeouts are the clients' own (Config)
 
     async def _ecs(self, action: str, params: Mapping[str, Any]) -> dict[str, Any]:
         """One ECS call: ``params`` in the API's own names; the answer's body as the API spells it."""

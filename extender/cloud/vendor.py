@@ -91,7 +91,7 @@ def confined(config: VendorConfig, key_dir: str, where: str) -> VendorConfig:
     """A computingVendor from a cluster object may name key files only under ``key_dir`` (symlinks
     resolved, as kubelet's Secret mounts use them). Otherwise whoever may write a TensorFusionCluster
     could name any file the extender can read, the ServiceAccount token included, and an endpoint of
-    theirs, and receive the file's first line as the access key id in every signed request."""
+    theirs, and receive the file's contents as the access key id in every signed request."""
     if not key_dir:
         return config
     root = os.path.realpath(key_dir)
