@@ -246,6 +246,8 @@ class ProvisionedLauncher:
         pool_choice = {c.name: pool_vendor(pools[c.name], clusters, fallback, key_dir) for c in configs}
         claim_choice = {object_name(c): claim_vendor(c, pools.get(claim_pool(c)), clusters, fallback, key_dir)
                         for c in claims}
+        # a claim that went without us (its finalizer removed by hand) takes its reported reason with it
+        self._unfinalized = {k: v for k, v in self._unfinalized.items() if k in claim_choice}
         wanted: dict[VendorKey, VendorChoice] = {}
         for choice in [*pool_choice.values(), *claim_choice.values(), *([fallback] if fallback else [])]:
             wanted.setdefault(choice.key, choice)
