@@ -504,22 +504,4 @@ def test_a_pool_derived_from_a_tensorfusioncluster_buys_through_its_computing_ve
         boot.stop()
         with contextlib.suppress(ApiException):
             custom.delete_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "tensorfusionclusters", name)
-        with contextlib.suppress(ApiException):
-            custom.delete_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "gpupools", pool)
-        for left in claims_of(api_client, pool):
-            with contextlib.suppress(ApiException):
-                custom.patch_cluster_custom_object(
-                    cpl.TF_GROUP,
-                    cpl.TF_VERSION,
-                    "gpunodeclaims",
-                    left["metadata"]["name"],
-                    {"metadata": {"finalizers": None}},
-                )
-                custom.delete_cluster_custom_object(
-                    cpl.TF_GROUP, cpl.TF_VERSION, "gpunodeclaims", left["metadata"]["name"]
-                )
-        for node in client.CoreV1Api(api_client).list_node(label_selector=f"{POOL_LABEL}={pool}").items:
-            with contextlib.suppress(ApiException):
-                client.CoreV1Api(api_client).delete_node(node.metadata.name)
-        with contextlib.suppress(ApiException):
-            custom.delete_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "gpunodeclasses", pool)
+        release_pool(api_client, pool)
