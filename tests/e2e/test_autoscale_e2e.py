@@ -162,7 +162,9 @@ def test_rising_usage_gets_more_tflops_in_place_and_a_full_gpu_clamps(autoscalin
     assert notes[P + "allocated"] == f"tflops={resized},vram=4Gi"
     cpl.wait_until(lambda: _percent(autoscaling, node) == float(resized), 30,
                    what="the ledger to count the resize")
-    assert cpl.pod_events(api_client, namespace, "trainer", "ResourceScaledUp")
+    # events go out from a background task, after the patch
+    cpl.wait_until(lambda: cpl.pod_events(api_client, namespace, "trainer", "ResourceScaledUp"), 30,
+                   what="the ResourceScaledUp event")
     tfw = _workload(api_client, namespace, "trainer")
     assert tfw["status"]["workerCount"] == 1
     assert tfw["status"]["recommendation"]["requests"]["tflops"] == str(resized)
@@ -199,7 +201,8 @@ def test_a_scale_down_frees_room_for_the_next_pod(autoscaling, api_client, names
     assert notes[P + "tflops-request"] == "6"
     assert abs(parse_quantity(notes[P + "vram-request"]).value - 6 * 2**30) <= 1  # 0.2 x 30Gi
     assert notes[P + "tflops-limit"] == "60"  # the compute limit never drops below the original
-    assert cpl.pod_events(api_client, namespace, "idler", "ResourceScaledDown")
+    cpl.wait_until(lambda: cpl.pod_events(api_client, namespace, "idler", "ResourceScaledDown"), 30,
+                   what="the ResourceScaledDown event")
     cpl.wait_until(lambda: _percent(autoscaling, node) == 6.0, 30, what="the ledger to free the room")
     # 90 TFLOPS did not fit beside 60; beside 6 it does, on the same GPU
     placed = _worker(api_client, namespace, "big", pool, "90", "30Gi")

@@ -232,7 +232,8 @@ def test_min_resources_grow_an_empty_pool_to_the_cheapest_mix(api_client, capaci
         assert node.metadata.labels[INSTANCE_TYPE] == claim["spec"]["instanceType"]
         assert node.metadata.labels["team"] == "ml" and node.metadata.labels[POOL_LABEL] == pool
     assert stays(lambda: len(claims.gpunodeclaims(pool)) == 2, 6)  # the minimum holds: nothing more is bought
-    assert pool_events(api_client, pool, "GPUNodeClaimCreated")
+    cpl.wait_until(lambda: pool_events(api_client, pool, "GPUNodeClaimCreated"), 30,
+                   what="the GPUNodeClaimCreated event")
 
 
 def test_filling_past_warm_adds_a_node_and_emptying_removes_the_surplus(api_client, capacity, make_pool,

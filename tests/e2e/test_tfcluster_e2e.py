@@ -217,7 +217,8 @@ def test_a_tensorfusioncluster_derives_updates_overwrites_and_deletes_its_gpupoo
         "a GPUPoolOverwritten event on the pool",
     )
     assert event.type == "Warning" and name in event.message
-    assert _events(api_client, "TensorFusionCluster", name, "GPUPoolOverwritten")
+    _wait(lambda: _events(api_client, "TensorFusionCluster", name, "GPUPoolOverwritten"),
+          "a GPUPoolOverwritten event on the cluster")
 
     # the entry goes: so does its pool
     custom.patch_cluster_custom_object(
@@ -386,7 +387,7 @@ def test_a_claim_labelled_only_managed_by_is_in_flight_and_released_like_ours(
         # released like ours: its NodeClaim goes, so does the GPUNodeClaim, with an event saying why
         custom.delete_cluster_custom_object(*karpenter, "nodeclaims", claim)
         _wait(lambda: _get(custom, "gpunodeclaims", claim) is None, "the managed-by claim released")
-        assert _events(api_client, "GPUNodeClaim", claim, "NodeClaimGone")
+        _wait(lambda: _events(api_client, "GPUNodeClaim", claim, "NodeClaimGone"), "a NodeClaimGone event")
     finally:
         with contextlib.suppress(ApiException):
             custom.delete_cluster_custom_object(G, V, "gpupools", pool)

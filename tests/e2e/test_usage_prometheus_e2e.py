@@ -150,7 +150,8 @@ def test_rising_dcgm_usage_gets_more_tflops_in_place(gpu_cluster, workload_crd, 
                        what="the trainer to get more TFLOPS as its use rises")
         after = cpl.read_pod(api_client, namespace, "trainer")
         assert after.metadata.uid == before.metadata.uid and after.spec.node_name == node
-        assert cpl.pod_events(api_client, namespace, "trainer", "ResourceScaledUp")
+        cpl.wait_until(lambda: cpl.pod_events(api_client, namespace, "trainer", "ResourceScaledUp"), 30,
+                       what="the ResourceScaledUp event")
         condition = _condition(api_client, namespace, "trainer")
         assert condition is not None and condition["reason"] == "Updated"
     finally:
