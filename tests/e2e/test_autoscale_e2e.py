@@ -134,6 +134,12 @@ def _workload(api_client, namespace: str, name: str) -> dict[str, Any]:
         cpl.TF_GROUP, cpl.TF_VERSION, namespace, TFW, name)
 
 
+def _with_recommended(tfw: dict[str, Any], tflops: str) -> dict[str, Any] | None:
+    """The workload when its status recommends ``tflops``, else None."""
+    recommended = ((tfw.get("status") or {}).get("recommendation") or {}).get("requests") or {}
+    return tfw if recommended.get("tflops") == tflops else None
+
+
 def _condition(obj: dict[str, Any]) -> dict[str, Any] | None:
     conditions = (obj.get("status") or {}).get("conditions") or []
     return next((c for c in conditions if c["type"] == "ResourceUpdate"), None)
@@ -165,9 +171,10 @@ def test_rising_usage_gets_more_tflops_in_place_and_a_full_gpu_clamps(autoscalin
     # events go out from a background task, after the patch
     cpl.wait_until(lambda: cpl.pod_events(api_client, namespace, "trainer", "ResourceScaledUp"), 30,
                    what="the ResourceScaledUp event")
-    tfw = _workload(api_client, namespace, "trainer")
+    # the status is written after the pod's patch, in the same pass
+    tfw = cpl.wait_until(lambda: _with_recommended(_workload(api_client, namespace, "trainer"), str(resized)),
+                         30, what="the workload's status to record the recommendation")
     assert tfw["status"]["workerCount"] == 1
-    assert tfw["status"]["recommendation"]["requests"]["tflops"] == str(resized)
     assert tfw["spec"]["resources"]["requests"]["tflops"] == "10"  # the original stays the spec
     condition = _condition(tfw)
     assert condition is not None and condition["reason"] == "Updated"

@@ -177,8 +177,9 @@ def test_3_gpus_full_by_share_get_one_placeholder_and_exactly_one_node(autoscale
     report("GPU full by share: placeholder -> +1 node, pod placed", up)
     cpl.wait_until(lambda: placeholders_for(api_client, f"{ns}/{pod}") == [], 60,
                    what="the placeholder gone")
-    events = cpl.pod_events(api_client, ns, pod, "NodeExpansionCompleted")
-    assert events and placeholder.metadata.name in events[0].message
+    events = cpl.wait_until(lambda: cpl.pod_events(api_client, ns, pod, "NodeExpansionCompleted"), 30,
+                            what="the NodeExpansionCompleted event")
+    assert placeholder.metadata.name in events[0].message
     time.sleep(20)  # longer than a scan plus the scale-down delay after add: still exactly one new node
     assert len(group_nodes(api_client)) == 2
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -98,6 +99,8 @@ def run_now(api_client, pool: str, timeout: float = 180) -> list[Any]:
         cpl.TF_GROUP, cpl.TF_VERSION, "gpupools", pool, {"metadata": {"annotations": {MANUAL: stamp}}})
     cpl.wait_until(lambda: any(e.reason == "DefragFinished" for e in pool_events(api_client, pool)),
                    timeout, interval=0.5, what=f"DefragFinished on GPUPool {pool}")
+    # events are posted by a few posters at once: one recorded before DefragFinished may land just after it
+    time.sleep(1)
     return pool_events(api_client, pool)
 
 
