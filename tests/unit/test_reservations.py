@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from extender.common.labels import NVIDIA_GPU, RESERVATION_LABEL, RESERVED_GPU, SAFE_TO_EVICT
 from extender.controllers.expansion.placeholder_pods import reservation_body, reservation_name
 from extender.controllers.expansion.reservations import plan, wanted
+from extender.kube.informer import WatchCache
+from extender.kube.resources import NODES
 
 NS = "tensor-fusion-sys"
 
@@ -18,6 +20,14 @@ NS = "tensor-fusion-sys"
 def node(name: str, gpus: str | None = "4") -> dict[str, Any]:
     allocatable = {"cpu": "8"} | ({NVIDIA_GPU: gpus} if gpus is not None else {})
     return {"metadata": {"name": name, "uid": f"uid-{name}"}, "status": {"allocatable": allocatable}}
+
+
+def node_cache(*items: dict[str, Any]) -> WatchCache:
+    """The extender's Node cache, filled by hand (never run: no API server in a unit test)."""
+    cache = WatchCache(None, NODES)  # type: ignore[arg-type]
+    for item in items:
+        cache.handle("ADDED", item)
+    return cache
 
 
 def existing(gpu: str, node_name: str, phase: str = "Running", deleting: bool = False) -> dict[str, Any]:
@@ -117,7 +127,7 @@ async def test_the_keeper_follows_the_ledger_and_backs_off_from_refused_pods() -
 
     now = [0.0]
     state = ClusterState()
-    nodes = {"a": node("a")}
+    nodes = node_cache(node("a"))
     state.apply(Kind.GPU, "ADDED", gpu("a-g0", "a"))
     keeper = ReservationKeeper(AutoscalerConfig(namespace=NS), None, state, nodes,  # type: ignore[arg-type]
                                ready=lambda: None, clock=lambda: now[0])  # type: ignore[arg-type, return-value]
@@ -143,3 +153,54 @@ async def test_the_keeper_follows_the_ledger_and_backs_off_from_refused_pods() -
     state.apply(Kind.POD, "DELETED", pod("p", "u1", node="a", gpu_ids="a-g0", phase="Running"))
     await keeper.reconcile()
     assert keeper.cache.list() == [] and keeper.gauge._value.get() == 0
+
+
+async def test_a_node_whose_gpus_are_advertised_after_its_pods_bound_is_reserved_at_once() -> None:
+    """A new node's allocatable nvidia.com/gpu often lands after the first pod is bound there; the keeper
+    reconciles on that change instead of at its 30 s resync (by then the Cluster Autoscaler had found the
+    node idle and drained it). The clock stands still, so only the node event can bring the pod."""
+    import asyncio
+
+    from extender_fakes import gpu, pod
+
+    from extender.controllers.expansion.provisioner import AutoscalerConfig
+    from extender.controllers.expansion.reservations import ReservationKeeper
+    from extender.scheduling.state import ClusterState, Kind
+
+    state = ClusterState()
+    nodes = node_cache(node("a", gpus=None))
+    state.apply(Kind.GPU, "ADDED", gpu("a-g0", "a"))
+
+    async def ready() -> None:
+        return None
+
+    keeper = ReservationKeeper(AutoscalerConfig(namespace=NS), None, state, nodes,  # type: ignore[arg-type]
+                               ready=ready, clock=lambda: 0.0)
+    writer = Writer(keeper.cache)
+    keeper.writer = writer  # type: ignore[assignment]
+
+    async def no_watch() -> None:
+        keeper.cache.synced.set()
+        await asyncio.Event().wait()
+
+    keeper.cache.run = no_watch  # type: ignore[method-assign]
+    task = asyncio.create_task(keeper.run())
+    try:
+        state.apply(Kind.POD, "ADDED", pod("p", "u1", node="a", gpu_ids="a-g0", phase="Running"))
+        await asyncio.sleep(1.2)  # two polls: the ledger changed, but the node advertises no GPU yet
+        assert writer.created == []
+        nodes.handle("MODIFIED", node("a"))  # its allocatable arrives
+        for _ in range(40):
+            if writer.created:
+                break
+            await asyncio.sleep(0.05)
+        assert writer.created == ["a-g0"]
+        keeper._wake.clear()  # no await in between: nothing else can set it
+        relabelled = {**node("a"), "metadata": {"name": "a", "uid": "uid-a", "labels": {"x": "1"}}}
+        nodes.handle("MODIFIED", relabelled)
+        assert not keeper._wake.is_set()  # a change that keeps the count wakes nothing
+        nodes.handle("DELETED", node("a"))
+        assert keeper._advertised == {}
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

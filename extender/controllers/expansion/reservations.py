@@ -112,9 +112,28 @@ class ReservationKeeper:
         self._clock = clock
         self._failed_at: dict[str, float] = {}
         self._wake = asyncio.Event()
+        # Node -> the nvidia.com/gpu it advertises, to wake on a change of it (bounded by the nodes: a
+        # deleted node's entry goes with it).
+        self._advertised: dict[str, int] = {}
+        nodes.subscribe(self._node_changed)
         self.gauge = Gauge("tf_extender_gpu_reservation_pods",
                            "GPU reservation pods (nvidia.com/gpu: 1 per shared GPU) in the cluster",
                            registry=registry)
+
+    def _node_changed(self, event_type: str, node: Mapping[str, Any]) -> None:
+        """Reconcile at once when a node's advertised ``nvidia.com/gpu`` changes: a new node's allocatable
+        often lands after the first pods are bound there (the ledger did not change then), and waiting for
+        the resync left its GPUs unreserved for up to 30 s, long enough for the Cluster Autoscaler to find
+        the node idle and drain it."""
+        name = str((node.get("metadata") or {}).get("name") or "")
+        if event_type == "DELETED":
+            changed = self._advertised.pop(name, None) is not None
+        else:
+            count = advertised_gpus(node)
+            changed = self._advertised.get(name) != count
+            self._advertised[name] = count
+        if changed:
+            self._wake.set()
 
     def _failed_recently(self, gpu: str) -> bool:
         at = self._failed_at.get(gpu)
