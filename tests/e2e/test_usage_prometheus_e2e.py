@@ -152,8 +152,11 @@ def test_rising_dcgm_usage_gets_more_tflops_in_place(gpu_cluster, workload_crd, 
         assert after.metadata.uid == before.metadata.uid and after.spec.node_name == node
         cpl.wait_until(lambda: cpl.pod_events(api_client, namespace, "trainer", "ResourceScaledUp"), 30,
                        what="the ResourceScaledUp event")
-        condition = _condition(api_client, namespace, "trainer")
-        assert condition is not None and condition["reason"] == "Updated"
+        # the workload's status is written after the pod's patch, in the same pass
+        condition = cpl.wait_until(
+            lambda: (c := _condition(api_client, namespace, "trainer")) and c["reason"] == "Updated" and c,
+            30, what="the workload's ResourceUpdate condition Updated")
+        assert condition["reason"] == "Updated"
     finally:
         extender_runner.ensure()
 
