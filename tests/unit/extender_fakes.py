@@ -13,6 +13,15 @@ from extender.common.contract import GPU_IDS
 POOL = "pool-a"
 
 
+async def eventually(check: Any, timeout: float = 10.0, interval: float = 0.01) -> None:
+    """Poll ``check`` until it holds (a generous bound: the machine may be busy)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(interval)
+
+
 def gpu(name: str, node: str, tflops: str = "100", vram: str = "40Gi") -> dict[str, Any]:
     return {"apiVersion": "tensor-fusion.ai/v1", "kind": "GPU",
             "metadata": {"name": name, "labels": {"tensor-fusion.ai/gpupool": POOL}},

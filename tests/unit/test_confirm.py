@@ -12,7 +12,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from extender_fakes import Events, FakeApi, Pods, gpu, pod
+from extender_fakes import Events, FakeApi, Pods, eventually, gpu, pod
 from kubernetes.client import ApiException
 
 from extender.scheduling.state import ClusterState, Kind, PlacementError
@@ -30,15 +30,6 @@ def world() -> tuple[ClusterState, Pods, FakeApi, Binder]:
     api = FakeApi(pods)
     binder = Binder(state, pods, api, Events(), settle_grace=GRACE, confirm_interval=GRACE)
     return state, pods, api, binder
-
-
-async def eventually(check: Any, timeout: float = 10.0) -> None:
-    """Poll ``check`` until it holds (a generous bound: the machine may be busy)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(GRACE / 5)
 
 
 async def bind(binder: Binder, name: str) -> str:

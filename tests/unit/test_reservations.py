@@ -161,7 +161,7 @@ async def test_a_node_whose_gpus_are_advertised_after_its_pods_bound_is_reserved
     node idle and drained it). The clock stands still, so only the node event can bring the pod."""
     import asyncio
 
-    from extender_fakes import gpu, pod
+    from extender_fakes import eventually, gpu, pod
 
     from extender.controllers.expansion.provisioner import AutoscalerConfig
     from extender.controllers.expansion.reservations import ReservationKeeper
@@ -190,10 +190,7 @@ async def test_a_node_whose_gpus_are_advertised_after_its_pods_bound_is_reserved
         await asyncio.sleep(1.2)  # two polls: the ledger changed, but the node advertises no GPU yet
         assert writer.created == []
         nodes.handle("MODIFIED", node("a"))  # its allocatable arrives
-        for _ in range(40):
-            if writer.created:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: writer.created)
         assert writer.created == ["a-g0"]
         keeper._wake.clear()  # no await in between: nothing else can set it
         relabelled = {**node("a"), "metadata": {"name": "a", "uid": "uid-a", "labels": {"x": "1"}}}
