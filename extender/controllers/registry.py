@@ -19,12 +19,12 @@ from extender.controllers.wiring import ControllerPackage
 
 CONTROLLERS: tuple[ControllerPackage, ...] = (
     preemptor,
-    expansion,
+    nudge,
     gpustatus,
     defrag,
+    expansion,
     capacity,
     tfcluster,
     gpunode,
-    nudge,
     autoscale,
 )

@@ -321,7 +321,8 @@ class Informers:
         self._caches: dict[tuple[str, str, str, str, str], WatchCache] = {}
 
     def cache(self, resource: Resource, *, namespace: str | None = None, label_selector: str | None = None,
-              field_selector: str | None = None, optional: bool = False, name: str | None = None) -> WatchCache:
+              field_selector: str | None = None, optional: bool = False,
+              name: str | None = None) -> WatchCache:
         """The cache of ``resource`` (in ``namespace``, narrowed by the selectors), made on first request.
         ``optional``: a resource the API server does not serve counts as empty (a CRD not installed); a
         cache any caller needs is not optional. ``name`` (its task's and log lines' name) is the first

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from extender.scheduling.state import FilterOutcome
+if TYPE_CHECKING:
+    from extender.scheduling.state import FilterOutcome
 
 log = logging.getLogger(__name__)
 
