@@ -26,7 +26,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -102,6 +102,10 @@ class KeyedQueue(Generic[V]):
     def __contains__(self, key: object) -> bool:
         return key in self._items
 
+    def __iter__(self) -> Iterator[str]:
+        """The keys waiting, oldest first."""
+        return iter(list(self._items))
+
     def __len__(self) -> int:
         return len(self._items)
 
@@ -160,9 +164,9 @@ class _Always:
 class Backoff:
     """Exponential: ``base``, doubled per failure in a row, at most ``cap``."""
 
-    def __init__(self, base: float = BACKOFF_BASE_SECONDS, cap: float = BACKOFF_CAP_SECONDS) -> None:
-        self.base = base
-        self.cap = cap
+    def __init__(self, base: float | None = None, cap: float | None = None) -> None:
+        self.base = BACKOFF_BASE_SECONDS if base is None else base
+        self.cap = BACKOFF_CAP_SECONDS if cap is None else cap
         self.failures = 0
 
     def next(self) -> float:
@@ -201,7 +205,7 @@ class Runner:
 
     async def _run_reconciler(self, c: Reconciler) -> None:
         backoff = Backoff(cap=min(BACKOFF_CAP_SECONDS, c.interval))
-        leading = True
+        leading = False
         while True:
             started = self._clock()
             delay: float | None = c.interval
@@ -250,7 +254,7 @@ class Runner:
         running: dict[str, asyncio.Task[None]] = {}
         backoffs: dict[str, Backoff] = {}
         depth = self.metrics.depth.labels(c.name)
-        leading = True
+        leading = False
 
         def done(key: str, task: asyncio.Task[None]) -> None:
             if running.get(key) is task:
@@ -269,12 +273,11 @@ class Runner:
         try:
             while True:
                 if not self.leads(c):
-                    if leading:
-                        await cancel_and_wait(list(running.values()))
-                        c.queue.clear()
-                        backoffs.clear()
-                        if c.on_demoted is not None:
-                            c.on_demoted()
+                    await cancel_and_wait(list(running.values()))
+                    c.queue.clear()  # a follower keeps no work: the leader rebuilds it from the cluster
+                    backoffs.clear()
+                    if leading and c.on_demoted is not None:
+                        c.on_demoted()
                     leading = False
                     depth.set(0)
                     await asyncio.sleep(LEADER_POLL_SECONDS)
