@@ -18,8 +18,7 @@ from extender.common.options import (
     take_deprecations,
 )
 from extender.common.version import version_line
-from extender.controllers import leadership
-from extender.controllers.registry import CONTROLLERS
+from extender.controllers import leadership, registry
 from extender.scheduling.state import InventorySource
 
 if TYPE_CHECKING:
@@ -65,7 +64,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                             "scoring weigh them (default on)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     leadership.add_arguments(serve)
-    for package in CONTROLLERS:  # each controller package declares its own options
+    for package in registry.CONTROLLERS:  # each controller package declares its own options
         package.add_arguments(serve)
     add_config_argument(serve, ENV_PREFIX)
 
@@ -167,7 +166,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         inventory=InventorySource(args.inventory_source), max_pods_per_node=args.max_pods_per_node,
         bind_deadline=args.bind_deadline, filter_first_choice=args.filter_first_choice,
         lease_namespace=leadership.from_args(args),
-        controllers={package.NAME: package.from_args(args) for package in CONTROLLERS},
+        controllers={package.NAME: package.from_args(args) for package in registry.CONTROLLERS},
     )
 
 

@@ -33,7 +33,7 @@ from extender.common.contract import COMPONENT_LABEL, COMPONENT_WORKER
 from extender.common.tasks import cancel_and_wait
 from extender.controllers import preemptor
 from extender.controllers.leadership import DEFAULT_NAMESPACE, Leadership
-from extender.controllers.registry import CONTROLLERS
+from extender.controllers import registry
 from extender.controllers.runner import Controller, ControllerMetrics, Runner, wait_synced
 from extender.controllers.wiring import ControllerPackage, CoreCaches, Deps
 from extender.kube import resources
@@ -138,7 +138,7 @@ class ExtenderService:
         self.controllers: list[Controller] = []
         self.parts: dict[str, Any] = {}  # each built package's state by its NAME, for tests and tools
         all_hooks = list(hooks)
-        for package in CONTROLLERS:
+        for package in registry.CONTROLLERS:
             built = package.build(deps, settings.of(package))
             if built is None:
                 continue
