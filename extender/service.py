@@ -126,12 +126,12 @@ class ExtenderService:
         pod_api = KubePodApi(self.kube)
         self.binder = Binder(self.state, self.core.pods, pod_api, self.recorder, self.metrics)
         self.pdb: PdbGuard | None = None
-        self._ready_caches: tuple[WatchCache, ...] = self.core.all
+        self.ready_caches: tuple[WatchCache, ...] = self.core.all
         if settings.of(preemptor):
             # PodDisruptionBudgets, for the choice of victims (the Eviction API enforces them as well)
             pdbs = self.informers.cache(resources.PDBS, name="poddisruptionbudgets", optional=True)
             self.pdb = PdbGuard(self.core.pods, pdbs)
-            self._ready_caches += (pdbs,)
+            self.ready_caches += (pdbs,)
         deps = Deps(api_client=api_client, kube=self.kube, state=self.state, informers=self.informers,
                     core=self.core, recorder=self.recorder, metrics=self.metrics, pod_api=pod_api,
                     pdb=self.pdb)
@@ -185,7 +185,7 @@ class ExtenderService:
         # asked on every verb: once every cache has synced (a cache never unsyncs), the answer is fixed
         if self._synced:
             return []
-        waiting = [cache.name for cache in self._ready_caches if not cache.synced.is_set()]
+        waiting = [cache.name for cache in self.ready_caches if not cache.synced.is_set()]
         self._synced = not waiting
         return waiting
 
@@ -203,7 +203,7 @@ class ExtenderService:
     async def _freeze_after_sync(self) -> None:
         # The first full sync allocates the bulk of the long-lived objects; moving them out of the
         # collector's generations keeps full collections (tens of ms at 40,000 GPUs) off the verbs' path.
-        await wait_synced(self._ready_caches)
+        await wait_synced(self.ready_caches)
         gc.collect()
         gc.freeze()
         # Every watch event allocates a few hundred containers (a decoded object) that live in the caches
@@ -211,7 +211,7 @@ class ExtenderService:
         # collector ran ~800 young and 8 full collections (58 ms each) per 2,000 pods, 10% of the
         # extender's CPU in bench/e2e_throughput; a full collection now comes ~15 times less often.
         gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
-        log.info("caches synced", extra={"caches": [c.name for c in self._ready_caches]})
+        log.info("caches synced", extra={"caches": [c.name for c in self.ready_caches]})
 
     def app(self) -> web.Application:
         return create_app(self.handlers, prefix=self.settings.prefix)
