@@ -120,8 +120,8 @@ async def test_service_becomes_ready_after_sync_serves_and_stops_cleanly(aiohttp
                 gauge = 'tf_extender_node_allocated_ratio{node="n1",pool="pool-a",resource="tflops"} '
                 assert gauge in await response.text()
         assert fake.selectors["pods"] == POD_SELECTOR
-        assert {c.name for c in service.ready_caches} == {"nodes", "pods", "gpus", "gpupools", "schedulingconfigtemplates",
-                                       "poddisruptionbudgets"}
+        assert {c.name for c in service.ready_caches} == {
+            "nodes", "pods", "gpus", "gpupools", "schedulingconfigtemplates", "poddisruptionbudgets"}
     finally:
         stop.set()
         async with asyncio.timeout(10):
