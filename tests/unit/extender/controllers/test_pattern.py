@@ -32,7 +32,8 @@ def _offences(path: Path) -> list[str]:
                 found.append(f"{where} starts a task ({node.attr})")
             elif node.attr == "is_leader":
                 found.append(f"{where} checks leadership (is_leader)")
-            elif node.attr == "wait" and isinstance(node.value, ast.Attribute) and node.value.attr == "synced":
+            elif (node.attr == "wait" and isinstance(node.value, ast.Attribute)
+                  and node.value.attr == "synced"):
                 found.append(f"{where} waits for a cache to sync")
         elif isinstance(node, ast.Name) and node.id in ("leader_gated_loop", "wait_synced", "create_task"):
             found.append(f"{where} uses {node.id}")
