@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import logging
 import math
 import time
@@ -171,7 +172,7 @@ class Backoff:
 
     def next(self) -> float:
         self.failures += 1
-        return min(self.cap, self.base * 2 ** (self.failures - 1))
+        return float(min(self.cap, self.base * 2.0 ** (self.failures - 1)))
 
     def reset(self) -> None:
         self.failures = 0
@@ -291,7 +292,7 @@ class Runner:
                     key, value = entry
                     task = asyncio.create_task(work(key, value), name=f"{c.name}-{key}")
                     running[key] = task
-                    task.add_done_callback(lambda t, k=key: done(k, t))
+                    task.add_done_callback(functools.partial(done, key))
                 depth.set(len(c.queue))
                 await _wait(c.queue.ready, LEADER_POLL_SECONDS if c.leader_only else math.inf)
         finally:
