@@ -170,3 +170,29 @@ async def test_a_new_controller_is_its_package_and_its_place_in_the_tuple(
     finally:
         await cancel_and_wait([runner])
         await service.kube.close()
+
+
+def _design_table() -> set[tuple[str, str, bool]]:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "design.md").read_text(encoding="utf-8")
+    table = text.split("<!-- controllers -->", 1)[1].split("<!-- /controllers -->", 1)[0]
+    rows = set()
+    for line in table.splitlines()[2:]:
+        package, controller, leader_only = (c.strip().strip("`") for c in line.strip("|").split("|")[:3])
+        rows.add((package, controller, leader_only == "yes"))
+    return rows
+
+
+def test_the_design_page_lists_every_controller_as_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: dict[str, Built | None] = {}
+    for package in registry.CONTROLLERS:
+        def recording(deps: Deps, settings: Any, build: Any = package.build, name: str = package.NAME) -> Any:
+            built[name] = build(deps, settings)
+            return built[name]
+
+        monkeypatch.setattr(package, "build", recording)
+    _service(EVERYTHING)  # every controller a package has
+    running = {(name, c.name, c.leader_only) for name, b in built.items() if b is not None
+               for c in b.controllers}
+    assert _design_table() == running
