@@ -1,20 +1,27 @@
-"""The live defragmentation loop against a fake cluster and a fake clock: triggers, one eviction at a time,
-PDB refusals, maxDuration, events and metrics, and the filter fence."""
+"""The live defragmentation against a fake cluster and a fake clock: triggers, one eviction at a time,
+PDB refusals, maxDuration, events and metrics, the filter fence, and its two controllers on the runner."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import datetime as dt
+import logging
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import pytest
 from defrag_fixtures import NOW_TEXT, four_nodes, pool
 from prometheus_client import CollectorRegistry
 
 from extender.common.labels import MANUAL_DEFRAG
+from extender.common.tasks import cancel_and_wait
+from extender.controllers import runner as runner_module
 from extender.controllers.defrag.config import parse_config
+from extender.controllers.defrag.controller import Defragmenter, Eviction, Trigger, manual_trigger
 from extender.controllers.defrag.metrics import DefragMetrics
-from extender.controllers.defrag.runner import Defragmenter, Eviction, Trigger, manual_trigger
+from extender.controllers.runner import Leader, Runner
 from extender.scheduling.state import ClusterState, FilterOutcome, Kind
 from extender.simulate_cmd import load_cluster
 
@@ -101,7 +108,7 @@ class FakeCluster:
         nodes = self.state.nodes()
         outcome = self.state.filter(new, nodes)
         assert self.defragmenter is not None
-        outcome = self.defragmenter.restrict(new, outcome)
+        outcome = self.defragmenter.narrow(new, outcome)
         node = self.state.rank(new, outcome.fits)[0]
         reservation = self.state.reserve(new, node)
         new["metadata"]["annotations"]["tensor-fusion.ai/gpu-ids"] = ",".join(reservation.gpu_ids)
@@ -120,6 +127,27 @@ def setup(objects: list[dict[str, Any]], **kw: Any) -> tuple[Defragmenter, FakeC
     defragmenter = Defragmenter(state, cluster, recorder, metrics, now=clock.now, sleep=clock.sleep, **kw)
     cluster.defragmenter = defragmenter
     return defragmenter, cluster, recorder, clock, metrics
+
+
+class Lease:
+    is_leader = True
+
+
+@contextlib.asynccontextmanager
+async def running(defragmenter: Defragmenter, leader: Leader | None = None) -> AsyncIterator[Runner]:
+    """The defragmenter's two controllers on a runner, as ``serve`` runs them."""
+    runner = Runner(leader)
+    tasks = [asyncio.create_task(runner.run(c)) for c in (defragmenter.looker, defragmenter.mover)]
+    try:
+        yield runner
+    finally:
+        await cancel_and_wait(tasks)
+
+
+async def until(check: Callable[[], object], seconds: float = 5.0) -> None:
+    async with asyncio.timeout(seconds):
+        while not check():
+            await asyncio.sleep(0.001)
 
 
 def sample(metrics: DefragMetrics, counter: str, **labels: str) -> float:
@@ -244,21 +272,21 @@ def test_fence_keeps_pool_pods_off_fenced_nodes_while_another_fits():
     defragmenter._fences["p"] = frozenset({"light-a", "light-b"})
     pod = {"metadata": {"annotations": {"tensor-fusion.ai/gpupool": "p"}}}
     outcome = FilterOutcome(["heavy-a", "light-a", "light-b"], {}, {}, None, False)
-    narrowed = defragmenter.restrict(pod, outcome)
+    narrowed = defragmenter.narrow(pod, outcome)
     assert narrowed.fits == ["heavy-a"]
     assert narrowed.failed == {"light-a": "node is being emptied by defragmentation of pool p",
                                "light-b": "node is being emptied by defragmentation of pool p"}
     # only fenced nodes fit: the pod is not kept waiting for the run to end
     only_fenced = FilterOutcome(["light-a"], {}, {}, None, False)
-    assert defragmenter.restrict(pod, only_fenced) is only_fenced
+    assert defragmenter.narrow(pod, only_fenced) is only_fenced
     other_pool = {"metadata": {"annotations": {"tensor-fusion.ai/gpupool": "q"}}}
-    assert defragmenter.restrict(other_pool, outcome) is outcome
+    assert defragmenter.narrow(other_pool, outcome) is outcome
 
 
 async def test_many_candidates_are_read_with_one_pod_list(monkeypatch):
-    import extender.controllers.defrag.runner as runner
+    import extender.controllers.defrag.controller as controller
 
-    monkeypatch.setattr(runner, "PER_NODE_LISTS", 0)
+    monkeypatch.setattr(controller, "PER_NODE_LISTS", 0)
     defragmenter, cluster, _, _, _ = setup(four_nodes())
     calls: list[str] = []
     original_all, original_on = cluster.all_pods, cluster.pods_on
@@ -292,7 +320,7 @@ async def test_a_node_whose_room_the_previous_node_took_is_reported_no_room():
     assert sample(metrics, "skips", pool="p", reason="no-room") == 1
 
 
-async def test_tick_runs_each_due_pool_as_its_own_task():
+async def test_tick_runs_each_due_pool_as_its_own_task(caplog: pytest.LogCaptureFixture) -> None:
     from extender.common.labels import MANUAL_DEFRAG as MANUAL
 
     objects = four_nodes()
@@ -301,34 +329,68 @@ async def test_tick_runs_each_due_pool_as_its_own_task():
     objects[0]["metadata"]["annotations"] = {MANUAL: stamp}
     other["metadata"]["annotations"] = {MANUAL: stamp}
     defragmenter, cluster, recorder, _, _ = setup([*objects, other])
-    defragmenter.tick()
-    assert sorted(defragmenter.runs) == ["p", "q"]
-    defragmenter.tick()  # nothing new is due, and each pool has one run at a time
-    await asyncio.gather(*defragmenter.runs.values())
+    gate = asyncio.Event()  # the runs wait here, so both are seen in progress at once
+    original_pdbs = cluster.pdbs
+
+    async def pdbs() -> list[dict[str, Any]]:
+        await gate.wait()
+        return await original_pdbs()
+
+    cluster.pdbs = pdbs  # type: ignore[method-assign]
+    await defragmenter.reconcile(NOW)
+    assert list(defragmenter.queue) == ["p", "q"]
+    async with running(defragmenter):
+        await until(lambda: len(defragmenter.runs) == 2)
+        assert sorted(defragmenter.runs) == ["p", "q"]
+        await defragmenter.reconcile(NOW)  # nothing new is due, and each pool has one run at a time
+        # a new trigger for a pool whose run is in progress is said, not queued
+        objects[0]["metadata"]["annotations"] = {MANUAL: "2026-06-01T12:00:00Z"}
+        with caplog.at_level(logging.INFO, logger="extender.controllers.defrag.controller"):
+            await defragmenter.reconcile(NOW)
+        assert list(defragmenter.queue) == []
+        assert [r.pool for r in caplog.records if r.message == "defrag run already in progress"] == ["p"]
+        gate.set()
+        await until(lambda: not defragmenter.runs)
     assert defragmenter.runs == {}
     assert cluster.evictions == ["ml/light-a-w0", "ml/light-b-w0"]
     assert recorder.reasons().count("DefragFinished") == 2
 
 
-async def test_losing_the_lease_cancels_a_run_and_lifts_its_fence():
-    class Lease:
-        is_leader = True
-
+async def test_losing_the_lease_cancels_a_run_and_lifts_its_fence(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner_module, "LEADER_POLL_SECONDS", 0.01)
     lease = Lease()
     objects = four_nodes()
     objects[0]["metadata"]["annotations"] = {MANUAL_DEFRAG: "2026-06-01T11:59:59Z"}
-    defragmenter, cluster, _, _, _ = setup(objects, leader=lease)
+    defragmenter, cluster, recorder, _, _ = setup(objects)
     cluster.blocked = {"light-a-w0"}  # the run waits on the PDB
-    defragmenter.tick()
-    await asyncio.sleep(0.01)
-    assert defragmenter._fences
+    async with running(defragmenter, lease):
+        await until(lambda: defragmenter._fences)
+        lease.is_leader = False
+        await until(lambda: not defragmenter.runs)
+        await asyncio.sleep(0.01)
+        assert defragmenter.runs == {} and defragmenter._fences == {}
+    assert "DefragFinished" not in recorder.reasons()  # cancelled, not finished
+
+
+async def test_the_look_at_the_pools_is_leader_only_and_a_demotion_forgets_the_last_look(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner_module, "LEADER_POLL_SECONDS", 0.01)
+    lease = Lease()
     lease.is_leader = False
-    defragmenter.tick()
-    await asyncio.sleep(0.01)
-    assert defragmenter.runs == {} and defragmenter._fences == {}
+    defragmenter, _, _, _, _ = setup(four_nodes(), tick_seconds=0.01)
+    assert defragmenter.looker.leader_only and defragmenter.looker.interval == 0.01
+    assert defragmenter.mover.leader_only and defragmenter.mover.workers == 0
+    assert not defragmenter.mover.retry_errors
+    async with running(defragmenter, lease):
+        await asyncio.sleep(0.05)
+        assert defragmenter._last_look is None  # a follower does not look
+        lease.is_leader = True
+        await until(lambda: defragmenter._last_look is not None)
+        lease.is_leader = False  # a new leader does not catch up on this one's schedule
+        await until(lambda: defragmenter._last_look is None)
 
 
-async def test_a_run_that_fails_says_so():
+async def test_a_run_that_fails_says_so() -> None:
     objects = four_nodes()
     objects[0]["metadata"]["annotations"] = {MANUAL_DEFRAG: "2026-06-01T11:59:59Z"}
     defragmenter, cluster, recorder, _, metrics = setup(objects)
@@ -337,8 +399,9 @@ async def test_a_run_that_fails_says_so():
         raise RuntimeError("API server unreachable")
 
     cluster.pdbs = broken  # type: ignore[method-assign]
-    defragmenter.tick()
-    await asyncio.gather(*defragmenter.runs.values())
+    async with running(defragmenter):
+        await until(lambda: recorder.events)
+        await until(lambda: not defragmenter.runs)
     assert recorder.events == [
         ("DefragFailed", "defragmentation run failed: API server unreachable", "Warning")]
     assert sample(metrics, "runs", pool="p", trigger="manual", outcome="failed") == 1

@@ -2,25 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
-from extender.controllers import Leader
+from extender.controllers.defrag.controller import Defragmenter, Eviction, Recorder
 from extender.controllers.defrag.metrics import DefragMetrics
-from extender.controllers.defrag.runner import Defragmenter, Eviction, Recorder
+from extender.controllers.wiring import CoreCaches
 from extender.kube.client import api_call, error_message, error_status, request_json
-from extender.kube.informer import WatchCache
 from extender.kube.resources import PDBS, PODS, collection_path, object_path
 from extender.scheduling.state import ClusterState
 
 
 class KubeDefragPort:
-    def __init__(self, api_client: client.ApiClient, caches: Mapping[str, WatchCache]) -> None:
+    """Pods and PDBs listed from the API server, evictions through it; nodes, workers and pools from the
+    service's core caches."""
+
+    def __init__(self, api_client: client.ApiClient, core: CoreCaches) -> None:
         self.api_client = api_client
-        self.caches = caches
+        self.core = core
 
     async def pods_on(self, node: str) -> list[dict[str, Any]]:
         answer = await api_call(request_json, self.api_client, "GET", collection_path(PODS),
@@ -56,19 +57,18 @@ class KubeDefragPort:
         return Eviction.EVICTED, ""
 
     def node(self, name: str) -> dict[str, Any] | None:
-        return self.caches["nodes"].get(name)
+        return self.core.nodes.get(name)
 
     def worker_pods(self) -> list[dict[str, Any]]:
-        return self.caches["pods"].list()
+        return self.core.pods.list()
 
     def pools(self) -> list[dict[str, Any]]:
-        cache = self.caches.get("gpupools")
-        return cache.list() if cache is not None else []
+        return self.core.gpupools.list()
 
 
-def kube_defragmenter(api_client: client.ApiClient, caches: Mapping[str, WatchCache], state: ClusterState,
-                      recorder: Recorder, registry: CollectorRegistry, *, leader: Leader,
-                      replacement_timeout: float, tick_seconds: float) -> Defragmenter:
-    """The defragmenter on the service's caches, acting while the process leads."""
-    return Defragmenter(state, KubeDefragPort(api_client, caches), recorder, DefragMetrics(registry),
-                        leader=leader, replacement_timeout=replacement_timeout, tick_seconds=tick_seconds)
+def kube_defragmenter(api_client: client.ApiClient, core: CoreCaches, state: ClusterState,
+                      recorder: Recorder, registry: CollectorRegistry, *, replacement_timeout: float,
+                      tick_seconds: float) -> Defragmenter:
+    """The defragmenter on the service's core caches (its controllers wait for all of them)."""
+    return Defragmenter(state, KubeDefragPort(api_client, core), recorder, DefragMetrics(registry),
+                        replacement_timeout=replacement_timeout, tick_seconds=tick_seconds, caches=core.all)

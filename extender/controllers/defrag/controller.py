@@ -1,11 +1,15 @@
-"""The live defragmentation loop of ``tf-extender serve``.
+"""The live defragmentation of ``tf-extender serve``: two leader-only controllers.
 
-Every ``tick`` the leader looks at each GPUPool: a run starts when the pool's cron schedule fired since the
-last look (on the pool's time zone), or at once when the pool carries the manual-trigger annotation with a
-fresh timestamp. A run plans with ``plan.plan_pool`` and then moves one worker at a time: evict it through
-the Eviction API (a PodDisruptionBudget that refuses is retried until it allows), wait until the evicted
-pod is gone and its controller's replacement is bound (bounded), re-plan the nodes it set out to empty with
-what the cluster looks like now, and go on until they are empty or ``maxDuration`` is reached.
+``defrag`` (a ``Reconciler``, every ``tick_seconds``) looks at each GPUPool: a run is due when the pool's cron
+schedule fired since the last look (on the pool's time zone), or at once when the pool carries the
+manual-trigger annotation with a fresh timestamp; a due run is queued under the pool's name.
+``defrag-runs`` (a ``KeyedReconciler``) runs each queued pool's run, every pool's at once and never two of one
+pool; the runner cancels them when leadership is lost.
+
+A run plans with ``plan.plan_pool`` and then moves one worker at a time: evict it through the Eviction API
+(a PodDisruptionBudget that refuses is retried until it allows), wait until the evicted pod is gone and its
+controller's replacement is bound (bounded), re-plan the nodes it set out to empty with what the cluster
+looks like now, and go on until they are empty or ``maxDuration`` is reached.
 
 While a run is active the extender's filter keeps the pool's GPU pods off the run's fenced nodes (the
 candidates and the empty nodes) whenever another node fits, so replacements land on fuller nodes.
@@ -15,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -24,9 +27,7 @@ from typing import Any, Protocol
 
 from extender.common.contract import GPU_POOL
 from extender.common.labels import MANUAL_DEFRAG
-from extender.common.tasks import cancel_and_wait
 from extender.common.timefmt import parse_time
-from extender.controllers import Leader
 from extender.controllers.capacity.config import DEFAULT_MANUAL_WINDOW
 from extender.controllers.defrag.config import (
     DEFAULT_REPLACEMENT_TIMEOUT_SECONDS,
@@ -46,7 +47,9 @@ from extender.controllers.defrag.plan import (
     plan_pool,
     pool_nodes,
 )
+from extender.controllers.runner import KeyedQueue, KeyedReconciler, Reconciler, Synced
 from extender.scheduling.state import ClusterState, FilterOutcome
+from extender.server.hooks import FilterHook
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +105,15 @@ class RunResult:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class DueRun:
+    """A run that is due: the pool as it was seen, its settings, and what started it."""
+
+    pool: dict[str, Any]
+    config: DefragConfig
+    trigger: Trigger
+
+
 def manual_trigger(pool: Mapping[str, Any], now: dt.datetime, window: dt.timedelta = MANUAL_TRIGGER_WINDOW
                    ) -> str | None:
     """The manual-trigger annotation's value when it holds a timestamp within ``window`` of now."""
@@ -130,17 +142,20 @@ def _format_seconds(seconds: float) -> str:
     return f"{seconds:.1f}s"
 
 
-class Defragmenter:
+class Defragmenter(FilterHook):
+    """The pools' defragmentation: which runs are due (``reconcile``), the runs (``run_queued``), and the
+    filter's fence around the nodes a run is emptying (``narrow``)."""
+
     def __init__(self, state: ClusterState, port: DefragPort, recorder: Recorder, metrics: DefragMetrics,
-                 *, leader: Leader | None = None, tick_seconds: float = DEFAULT_TICK_SECONDS,
+                 *, tick_seconds: float = DEFAULT_TICK_SECONDS,
                  replacement_timeout: float = DEFAULT_REPLACEMENT_TIMEOUT_SECONDS,
+                 caches: Sequence[Synced] = (),
                  now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.state = state
         self.port = port
         self.recorder = recorder
         self.metrics = metrics
-        self.leader = leader
         self.tick_seconds = tick_seconds
         self.replacement_timeout = replacement_timeout
         self.now = now
@@ -150,11 +165,19 @@ class Defragmenter:
         self._manual_seen: dict[str, str] = {}
         self._config_errors: dict[str, str] = {}
         self._fences: dict[str, frozenset[str]] = {}
-        self.runs: dict[str, asyncio.Task[None]] = {}
+        self.runs: dict[str, Trigger] = {}  # the pools whose run is in progress
+        self.queue: KeyedQueue[DueRun] = KeyedQueue()  # runs due, by pool name
+        # looks at the pools every tick and queues the runs that are due
+        self.looker = Reconciler("defrag", self.reconcile, interval=tick_seconds, leader_only=True,
+                                 caches=caches, on_demoted=self.demoted)
+        # one run per pool at a time, every pool's at once; a failed run waits for its next trigger
+        self.mover: KeyedReconciler[DueRun] = KeyedReconciler(
+            "defrag-runs", self.run_queued, queue=self.queue, leader_only=True, caches=caches, workers=0,
+            retry_errors=False)
 
     # --- the filter hook ------------------------------------------------------------------------------
 
-    def restrict(self, pod: dict[str, Any], outcome: FilterOutcome) -> FilterOutcome:
+    def narrow(self, pod: dict[str, Any], outcome: FilterOutcome) -> FilterOutcome:
         """Keep a pod of a pool being defragmented off the run's fenced nodes, when any other node fits."""
         if not self._fences or not outcome.fits:
             return outcome
@@ -169,22 +192,7 @@ class Defragmenter:
         failed = {**outcome.failed, **{n: message for n in outcome.fits if n in fence}}
         return replace(outcome, fits=kept, failed=failed)
 
-    # --- the loop -------------------------------------------------------------------------------------
-
-    async def run(self) -> None:
-        """Look at the pools every tick until cancelled; runs in progress are cancelled with it."""
-        try:
-            while True:
-                try:
-                    self.tick()
-                except Exception:
-                    log.exception("defrag tick failed")
-                await self.sleep(self.tick_seconds)
-        finally:
-            await self.cancel_runs()
-
-    async def cancel_runs(self) -> None:
-        await cancel_and_wait(self.runs.values())
+    # --- the controllers ------------------------------------------------------------------------------
 
     def due(self, pools: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], DefragConfig, Trigger]]:
         """The pools whose run starts now (a manual trigger first, then a schedule that fired)."""
@@ -211,37 +219,37 @@ class Defragmenter:
                     out.append((pool, config, Trigger.SCHEDULE))
         return out
 
-    def tick(self) -> None:
-        """Start the runs that are due, each pool's as a task of its own (one run per pool at a time, so a
-        long run in one pool does not make another pool's trigger go stale)."""
-        if self.leader is not None and not self.leader.is_leader:
-            self._last_look = None  # a new leader does not catch up on the old one's schedule
-            for task in self.runs.values():  # leadership lost: another replica takes over
-                task.cancel()
-            return
+    async def reconcile(self, now: dt.datetime) -> None:
+        """One look at the pools (on the defragmenter's own clock): queue the runs that are due, each pool's
+        on its own (one run per pool at a time, so a long run in one pool does not make another pool's
+        trigger go stale)."""
         for pool, config, trigger in self.due(self.port.pools()):
             name = _pool_name(pool)
-            if name in self.runs:
+            if name in self.runs or name in self.queue:
                 log.info("defrag run already in progress", extra={"pool": name, "trigger": trigger.value})
                 continue
-            task = asyncio.create_task(self._run_logged(pool, config, trigger), name=f"defrag-{name}")
-            self.runs[name] = task
-            task.add_done_callback(functools.partial(self._run_done, name))
+            self.queue.add(name, DueRun(pool, config, trigger))
 
-    def _run_done(self, name: str, task: asyncio.Task[None]) -> None:
-        if self.runs.get(name) is task:
-            del self.runs[name]
+    def demoted(self) -> None:
+        """Leadership was lost: a new leader does not catch up on the old one's schedule."""
+        self._last_look = None
 
-    async def _run_logged(self, pool: dict[str, Any], config: DefragConfig, trigger: Trigger) -> None:
+    async def run_queued(self, name: str, run: DueRun) -> None:
+        """Run one pool's queued run; a run that fails says so (log, metric, event on the pool) and waits for
+        the pool's next trigger. The pool's fence is lifted however the run ends."""
+        self.runs[name] = run.trigger
         try:
-            await self.run_pool(pool, config, trigger)
+            await self.run_pool(run.pool, run.config, run.trigger)
         except asyncio.CancelledError:
-            log.info("defrag run cancelled", extra={"pool": _pool_name(pool)})
+            log.info("defrag run cancelled", extra={"pool": name})
             raise
         except Exception as exc:
-            log.exception("defrag run failed", extra={"pool": _pool_name(pool)})
-            self.metrics.runs.labels(_pool_name(pool), trigger.value, "failed").inc()
-            self.recorder.record(pool, "DefragFailed", f"defragmentation run failed: {exc}", "Warning")
+            log.exception("defrag run failed", extra={"pool": name})
+            self.metrics.runs.labels(name, run.trigger.value, "failed").inc()
+            self.recorder.record(run.pool, "DefragFailed", f"defragmentation run failed: {exc}", "Warning")
+        finally:
+            self._fences.pop(name, None)
+            self.runs.pop(name, None)
 
     def _config_invalid(self, pool: dict[str, Any], message: str) -> None:
         name = _pool_name(pool)
@@ -313,10 +321,7 @@ class Defragmenter:
         any moved. Sets ``result.stopped`` when the run has to end."""
         pool = _pool_name(pool_obj)
         moved = False
-        while True:
-            if self.now() >= deadline:
-                result.stopped = f"maxDuration {config.max_duration} reached"
-                return moved
+        while self.now() < deadline:
             plan = await self.plan(pool, config, only=[node])
             for skip in plan.skips:  # no room (or something changed since the overview): say why
                 self._report_skip(pool_obj, skip, result)
@@ -342,22 +347,24 @@ class Defragmenter:
             if problem is not None:
                 result.stopped = problem
                 return moved
+        result.stopped = f"maxDuration {config.max_duration} reached"
+        return moved
 
     async def _evict(self, move: Move, deadline: dt.datetime) -> Eviction | None:
         """Evict, retrying while a PodDisruptionBudget refuses; None when the deadline comes first."""
         namespace, _, name = move.pod.partition("/")
-        while True:
-            outcome, message = await self.port.evict(namespace, name, move.uid)
-            if outcome is not Eviction.BLOCKED:
-                if outcome is not Eviction.EVICTED:
-                    log.warning("defrag eviction failed", extra={"pod": move.pod, "outcome": outcome.value,
-                                                                 "error": message})
-                return outcome
+        outcome, message = await self.port.evict(namespace, name, move.uid)
+        while outcome is Eviction.BLOCKED:
             log.debug("eviction refused by a PodDisruptionBudget", extra={"pod": move.pod, "error": message})
             if self.now() + dt.timedelta(seconds=EVICTION_RETRY_SECONDS) >= deadline:
                 await self.sleep(max(0.0, (deadline - self.now()).total_seconds()))
                 return None
             await self.sleep(EVICTION_RETRY_SECONDS)
+            outcome, message = await self.port.evict(namespace, name, move.uid)
+        if outcome is not Eviction.EVICTED:
+            log.warning("defrag eviction failed", extra={"pod": move.pod, "outcome": outcome.value,
+                                                         "error": message})
+        return outcome
 
     def _siblings_before(self, move: Move) -> tuple[str | None, int]:
         """The evicted pod's controller and how many of its pods are bound, before the eviction."""
@@ -372,15 +379,17 @@ class Defragmenter:
         """Until the evicted pod is gone and its controller has as many bound pods as before; a message
         when that takes longer than the replacement timeout or the run's deadline."""
         limit = min(deadline, self.now() + dt.timedelta(seconds=self.replacement_timeout))
-        while True:
-            gone = not self.state.holds(move.uid)
-            replaced = owner is None or self._bound_siblings(owner, exclude=move.uid) >= before
-            if gone and replaced:
-                return None
+        while not self._replaced(move, owner, before):
             if self.now() >= limit:
-                what = "to be gone" if not gone else "to get a bound replacement"
+                what = "to be gone" if self.state.holds(move.uid) else "to get a bound replacement"
                 return f"waited too long for pod {move.pod} {what}"
             await self.sleep(POLL_SECONDS)
+        return None
+
+    def _replaced(self, move: Move, owner: str | None, before: int) -> bool:
+        """Whether the evicted pod is gone and its controller has as many bound pods as before."""
+        gone = not self.state.holds(move.uid)
+        return gone and (owner is None or self._bound_siblings(owner, exclude=move.uid) >= before)
 
     def _bound_siblings(self, owner: str | None, exclude: str | None) -> int:
         count = 0
