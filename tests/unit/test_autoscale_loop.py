@@ -11,7 +11,7 @@ from typing import Any
 
 from extender.autoscaling.usage import StaticUsageSource, WorkerUsage
 from extender.controllers.autoscale.config import AutoscaleOptions
-from extender.controllers.autoscale.loop import WorkloadAutoscaler
+from extender.controllers.autoscale.controller import WorkloadAutoscaler
 from extender.server.resize import Resizer
 from tests.unit.extender_fakes import Events, FakeApi, Pods
 from tests.unit.test_resize import _bound, _state, _used
@@ -150,3 +150,29 @@ def test_a_workload_is_evaluated_on_its_own_interval_and_a_long_history_is_cappe
     (condition,) = workloads.patches[0]["conditions"]
     assert "autoSetResources.historyDataPeriod: '1440h' is longer than 30 days; using 30 days" in \
         condition["message"]
+
+
+def test_the_package_builds_one_leader_only_controller_on_the_core_caches() -> None:
+    import types
+
+    from extender import controllers
+    from extender.controllers import autoscale
+    from extender.controllers.runner import Reconciler
+
+    off = AutoscaleOptions()
+    assert autoscale.NAME == "autoscale" and off == autoscale.DEFAULT
+    assert controllers.autoscale is autoscale
+    state = _state()
+    core = types.SimpleNamespace(pods=PodList(), all=("nodes", "pods"))
+    deps: Any = types.SimpleNamespace(state=state, core=core, kube=None, pod_api=FakeApi(Pods()),
+                                      recorder=Events())
+    assert autoscale.build(deps, off) is None  # off unless --autoscale
+    built = autoscale.build(deps, AutoscaleOptions(enabled=True, interval_seconds=12.0))
+    assert built is not None
+    [controller] = built.controllers
+    assert isinstance(controller, Reconciler)
+    assert controller.name == "workload-autoscale"
+    assert controller.leader_only and controller.interval == 12.0
+    assert tuple(controller.caches) == core.all
+    assert isinstance(built.part, WorkloadAutoscaler) and built.part.pods is core.pods
+    assert controller.reconcile == built.part.reconcile

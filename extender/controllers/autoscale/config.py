@@ -1,4 +1,4 @@
-"""The autoscaling loop's options."""
+"""The workload autoscaler's options and ``serve`` flags."""
 
 from __future__ import annotations
 

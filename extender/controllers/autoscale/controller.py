@@ -1,5 +1,5 @@
-"""The autoscaling loop: workloads from the pods cache, TensorFusionWorkloads kept, recommendations
-applied through the ledger's resize verb. See the package docstring."""
+"""The workload autoscaler's reconcile: workloads from the pods cache, TensorFusionWorkloads kept,
+recommendations applied through the ledger's resize verb. See the package docstring."""
 
 from __future__ import annotations
 
@@ -115,6 +115,9 @@ def _creation_ns(obj: Mapping[str, Any] | None) -> int | None:
 
 
 class WorkloadAutoscaler:
+    """The workloads' recommendations and resizes, one pass over every workload per ``reconcile``; what it
+    remembers between passes (usage read, recommendation, active cron rule) is per workload."""
+
     def __init__(self, state: StateLike, pods: PodSource, api: WorkloadApi, resizer: Resizer,
                  options: AutoscaleOptions, source: UsageSource | None = None) -> None:
         self.state = state

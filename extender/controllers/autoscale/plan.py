@@ -22,7 +22,7 @@ from extender.autoscaling.usage import StaticUsageSource, WorkloadUsage
 from extender.common.contract import WORKLOAD_LABEL, ContractError
 from extender.common.pods import TERMINAL_PHASES, pod_key, pod_uid
 from extender.common.timefmt import parse_time
-from extender.controllers.autoscale.loop import original_of, resources_json, spec_from_pod
+from extender.controllers.autoscale.controller import original_of, resources_json, spec_from_pod
 from extender.scheduling.ledger import Resized
 from extender.scheduling.state import ClusterState
 

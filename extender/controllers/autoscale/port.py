@@ -1,5 +1,5 @@
-"""The autoscaling loop's Kubernetes side: TensorFusionWorkloads and WorkloadProfiles through the
-extender's async client. Without the TensorFusionWorkload CRD the loop still runs, keeping the workload
+"""The workload autoscaler's Kubernetes side: TensorFusionWorkloads and WorkloadProfiles through the
+extender's async client. Without the TensorFusionWorkload CRD the autoscaler still runs, keeping the workload
 in memory only (said once in the log)."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ escaped), and must return one series per worker with a ``pod`` label. Two preset
   are written to names them; the worker label is renamed ``pod``.
 
 Any failure (connection, HTTP status, a Prometheus error, an answer that is not a matrix) raises
-``UsageUnavailable`` with the reason: the loop puts it in the workload's condition and resizes nothing.
+``UsageUnavailable`` with the reason: the autoscaler puts it in the workload's condition and resizes nothing.
 """
 
 from __future__ import annotations
