@@ -11,7 +11,7 @@ import pytest
 from kubernetes.client import ApiException
 
 from extender.controllers.tfcluster import derive, vendor
-from extender.controllers.tfcluster.loop import cluster_status
+from extender.controllers.tfcluster.controller import cluster_status
 
 MANAGED_BY = "tensor-fusion.ai/managed-by"
 DEFAULT = "tensor-fusion.ai/is-default-pool"
@@ -345,3 +345,36 @@ def test_the_connection_check_reads_key_files_only_under_the_key_dir(tmp_path: A
     assert (connection.ok, connection.reason) == (False, "CloudVendorConnectionFailed")
     assert "spec.computingVendor.params.accessKeyPath='/etc/hostname'" in connection.message
     assert "--cloud-key-dir" in connection.message
+
+
+def test_the_package_builds_one_leader_only_reconciler_woken_by_clusters_and_pools() -> None:
+    import types
+
+    from kubernetes import client
+
+    from extender.controllers import tfcluster
+    from extender.controllers.runner import Reconciler
+    from extender.controllers.tfcluster.config import TFClusterConfig
+    from extender.controllers.tfcluster.controller import TFClusterController
+    from extender.kube.informer import Informers
+    from extender.kube.resources import GPU_POOLS, TENSOR_FUSION_CLUSTERS
+
+    informers = Informers(client.ApiClient(client.Configuration()))
+    pools = informers.cache(GPU_POOLS, name="gpupools", optional=True)
+    deps: Any = types.SimpleNamespace(api_client=None, informers=informers, recorder=None,
+                                      core=types.SimpleNamespace(gpupools=pools))
+    off = TFClusterConfig(enabled=False)
+    assert tfcluster.NAME == "tfcluster" and off == tfcluster.DEFAULT
+    assert tfcluster.build(deps, off) is None
+    built = tfcluster.build(deps, TFClusterConfig(interval_seconds=7.0))
+    assert built is not None
+    [reconciler] = built.controllers
+    assert isinstance(reconciler, Reconciler) and isinstance(built.part, TFClusterController)
+    assert reconciler.name == "tensorfusioncluster" and reconciler.leader_only and reconciler.interval == 7.0
+    clusters = informers.cache(TENSOR_FUSION_CLUSTERS, optional=True, name="tensorfusionclusters")
+    assert built.part.clusters is clusters and built.part.pools is pools  # the process's shared caches
+    assert tuple(reconciler.caches) == (clusters, pools)
+    for cache in (clusters, pools):
+        reconciler.wake.event.clear()
+        cache.handle("ADDED", {"metadata": {"name": "x", "resourceVersion": "1"}})
+        assert reconciler.wake.event.is_set()

@@ -1,4 +1,4 @@
-"""The TensorFusionCluster controller: one reconcile loop, on the leader only.
+"""The TensorFusionCluster controller (``tensorfusioncluster``): one reconciler, on the leader only.
 
 Each pass plans every cluster (``derive.plan``) against the GPUPool cache the extender already keeps,
 writes the pool actions (create; replace spec, labels and annotations as TensorFusion's Update does, as
@@ -6,7 +6,7 @@ a JSON patch guarded by the resourceVersion planned from; delete), checks
 ``spec.computingVendor`` (``vendor``; again when it changes, else at most once a minute) and merge-patches
 the cluster's status only when it would say something new. Every derived change is an event on the cluster
 (an overwritten hand edit on the pool too). A write that fails (a conflict with a concurrent edit, an API
-error) changes nothing and is retried on the next pass; the loop wakes on every cluster or pool change.
+error) changes nothing and is retried on the next pass; a cluster or pool change wakes the reconciler.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ from typing import Any, Protocol
 from kubernetes import client
 
 from extender.common.quantity import Format, QuantityError, format_quantity, parse_quantity
-from extender.common.tasks import cancel_and_wait
-from extender.controllers import Leader, leader_gated_loop
 from extender.controllers.tfcluster import derive, vendor
 from extender.controllers.tfcluster.config import TFClusterConfig
 from extender.kube.client import api_call, error_message, error_status, request_json
@@ -138,38 +136,18 @@ class _Reader:
 
 
 class TFClusterController:
+    """Every TensorFusionCluster's GPUPools and status, one pass over all clusters per ``reconcile``."""
+
     def __init__(self, config: TFClusterConfig, api_client: client.ApiClient, *, pools: WatchCache,
-                 recorder: EventRecorder, leader: Leader, clusters: WatchCache | None = None) -> None:
+                 clusters: WatchCache, recorder: EventRecorder) -> None:
         self.config = config
         self.api_client = api_client
         self.pools = pools
+        self.clusters = clusters  # the process's one cache (the capacity controllers read it too)
         self.recorder = recorder
-        self.leader = leader
-        # the process's one cache when given (the capacity controllers read it too), else one of its own
-        self._own_clusters = clusters is None
-        self.clusters = clusters or WatchCache(api_client, TENSOR_FUSION_CLUSTERS, optional=True,
-                                               name="tensorfusionclusters")
-        self.clusters.subscribe(self._changed)
-        self.pools.subscribe(self._changed)
-        self._wake: asyncio.Event | None = None
         self._reader = _Reader(api_client)
         self._connections: dict[str, tuple[str, float, vendor.Connection]] = {}
         self._reported: dict[str, tuple[str, ...]] = {}
-
-    def _changed(self, event_type: str, obj: dict[str, Any]) -> None:
-        if self._wake is not None:
-            self._wake.set()
-
-    async def run(self) -> None:
-        self._wake = asyncio.Event()
-        tasks = ([asyncio.create_task(self.clusters.run(), name="tfcluster-watch")]
-                 if self._own_clusters else [])
-        try:
-            await asyncio.gather(self.clusters.synced.wait(), self.pools.synced.wait())
-            await leader_gated_loop("tensorfusioncluster", self.leader, self.reconcile,
-                                    self.config.interval_seconds, self._wake)
-        finally:
-            await cancel_and_wait(tasks)
 
     async def reconcile(self, now: dt.datetime) -> None:
         pools = self.pools.list()
