@@ -1,5 +1,5 @@
 """PromQL in the shipped alerts and dashboard: the expressions, and the metric names they read.
-Shared by tests/unit/test_monitoring.py and tests/e2e/test_operating_e2e.py."""
+Shared by tests/unit/project/test_monitoring.py and tests/e2e/test_operating_e2e.py."""
 
 from __future__ import annotations
 

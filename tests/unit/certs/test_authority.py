@@ -20,6 +20,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from certs import authority, files
 from certs.authority import CertificateError
 from certs.cli import main
+from tests.unit.fixtures import ROOT
 
 SERVICE = "tf-webhook.tensor-fusion-sys.svc"
 
@@ -272,8 +273,8 @@ def test_console_entry_point_runs(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         check=False,
-        cwd=Path(__file__).resolve().parents[2],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "tls.crt").exists()

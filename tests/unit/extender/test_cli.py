@@ -11,12 +11,12 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from extender_fakes import gpu
 from kubernetes import client
 
 from extender import cli
 from extender.scheduling.state import InventorySource
 from extender.service import POD_SELECTOR, ExtenderService, Settings
+from tests.unit.fixtures.fakes import gpu
 
 
 def test_serve_flags_and_defaults() -> None:

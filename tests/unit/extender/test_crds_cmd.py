@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from extender.crds_cmd import Action, decide, foreign_owner, lacking_fields, read_crds, schema_fields
+from tests.unit.fixtures import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "manifests" / "crds"
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +12,8 @@ import yaml
 from extender.cli import main
 from extender.plan_cmd import DEFAULT_PLANNERS, snapshot_inputs
 from extender.planning.action import plan
+from tests.unit.fixtures.plan import CATALOG, NOW, gpu_node, run_plan
 
-NOW = "2026-01-01T12:00:00Z"
-OLD = "2026-01-01T11:00:00Z"
 YOUNG = "2026-01-01T11:59:00Z"
 NODE_CLASS_REF = {
     "group": "karpenter.kwok.sh",
@@ -23,13 +21,6 @@ NODE_CLASS_REF = {
     "version": "v1alpha1",
     "name": "default",
 }
-CATALOG = """
-replaceDefaults: true
-instanceTypes:
-- {name: small.x1, gpuModel: A10G, gpuCount: 1, tflopsPerGPU: "100", vramPerGPU: 24Gi,
-   prices: {on-demand: 1.0}}
-- {name: big.x4, gpuModel: A10G, gpuCount: 4, tflopsPerGPU: "100", vramPerGPU: 24Gi, prices: {on-demand: 3.5}}
-"""
 
 
 def karpenter_pool(name: str, ref: dict[str, str] | None = None, **capacity: Any) -> dict[str, Any]:
@@ -56,31 +47,6 @@ def autoselect_pool(name: str, **capacity: Any) -> dict[str, Any]:
     }
 
 
-def gpu_node(
-    name: str,
-    pool: str,
-    created: str = OLD,
-    labels: dict[str, str] | None = None,
-    annotations: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "creationTimestamp": created,
-            "annotations": annotations or {},
-            "labels": {
-                "nvidia.com/gpu.count": "1",
-                "nvidia.com/gpu.product": "NVIDIA-A10G",
-                "nvidia.com/gpu.memory": "24576",
-                "tensor-fusion.ai/gpupool": pool,
-                **(labels or {}),
-            },
-        },
-    }
-
-
 def gpu_pod(name: str, pool: str, node: str | None = None, tflops: str = "10") -> dict[str, Any]:
     annotations = {
         "tensor-fusion.ai/tflops-request": tflops,
@@ -103,19 +69,6 @@ NODE_CLASS = {
     "kind": "KWOKNodeClass",
     "metadata": {"name": "default"},
 }
-
-
-def run_plan(
-    tmp_path: Path, objects: list[dict[str, Any]], *extra: str, capsys: pytest.CaptureFixture[str]
-) -> list[dict[str, Any]]:
-    snapshot = tmp_path / "snapshot.yaml"
-    snapshot.write_text(yaml.safe_dump_all(objects))
-    catalog = tmp_path / "catalog.yaml"
-    catalog.write_text(CATALOG)
-    before = snapshot.read_text()
-    assert main(["plan", "--cluster", str(snapshot), "--catalog", str(catalog), "--now", NOW, *extra]) == 0
-    assert snapshot.read_text() == before
-    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
 
 def test_empty_karpenter_pool_launches_the_cheapest_types(

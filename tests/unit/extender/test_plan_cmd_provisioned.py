@@ -14,7 +14,7 @@ from extender.cloud.nodeclass import parse_node_class
 from extender.plan_cmd import DEFAULT_PLANNERS, snapshot_inputs
 from extender.planning.action import plan
 from extender.planning.pool import pool_config
-from tests.unit.test_plan import gpu_node, run_plan
+from tests.unit.fixtures.plan import gpu_node, run_plan
 
 USER_DATA = (
     "#!/bin/bash\nkubelet --node-labels=tensor-fusion.ai/node-provisioner=__GPU_NODE_RESOURCE_NAME__\n"

@@ -5,64 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from extender.simulate_cmd import add_simulate_arguments, main_simulate, read_objects, simulate
-
-
-def gpu(name: str, node: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "tensor-fusion.ai/v1",
-        "kind": "GPU",
-        "metadata": {"name": name, "labels": {"tensor-fusion.ai/gpupool": "p"}},
-        "status": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "capacity": {"tflops": "100", "vram": "40Gi"},
-            "gpuModel": "A100",
-            "vendor": "NVIDIA",
-            "phase": "Running",
-            "index": int(name[-1]),
-        },
-    }
-
-
-def pod(name: str, tflops: str, node: str | None = None, gpu_ids: str | None = None) -> dict[str, Any]:
-    annotations = {"tensor-fusion.ai/tflops-request": tflops, "tensor-fusion.ai/vram-request": "4Gi"}
-    spec: dict[str, Any] = {}
-    if node:
-        annotations["tensor-fusion.ai/gpu-ids"] = gpu_ids or ""
-        annotations["tensor-fusion.ai/gpupool"] = "p"
-        spec["nodeName"] = node
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "ml", "annotations": annotations},
-        "spec": spec,
-        "status": {"phase": "Running" if node else "Pending"},
-    }
-
-
-CLUSTER = [
-    {
-        "kind": "GPUPool",
-        "metadata": {"name": "p", "annotations": {"tensor-fusion.ai/is-default-pool": "true"}},
-        "spec": {"schedulingConfigTemplate": "t"},
-    },
-    {
-        "kind": "SchedulingConfigTemplate",
-        "metadata": {"name": "t"},
-        "spec": {"placement": {"mode": "CompactFirst"}},
-    },
-    gpu("a-0", "a"),
-    gpu("a-1", "a"),
-    gpu("b-0", "b"),
-    gpu("b-1", "b"),
-    pod("existing", "30", "b", "b-0"),
-]
-PODS = [pod("one", "50"), pod("two", "50"), pod("three", "90"), pod("huge", "500")]
+from tests.unit.fixtures.simulate import CLUSTER, PODS, pod
 
 
 @pytest.mark.parametrize(

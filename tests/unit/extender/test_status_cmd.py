@@ -7,58 +7,16 @@ import json
 from typing import Any
 
 import pytest
-from extender_fakes import POOL, gpu, pod
 
 from extender import cli
 from extender.kube import resources
 from extender.status_cmd import StatusSnapshot, build_report, pending_reason, read_snapshot, render_table
-
-
-def _pool(name: str, *, default: bool = False, template: str | None = None,
-          provisioning: str | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {}
-    if template:
-        spec["schedulingConfigTemplate"] = template
-    if provisioning:
-        spec["nodeManagerConfig"] = {"provisioningMode": provisioning}
-    annotations = {"tensor-fusion.ai/is-default-pool": "true"} if default else {}
-    return {"metadata": {"name": name, "annotations": annotations}, "spec": spec}
-
-
-def _snapshot() -> StatusSnapshot:
-    other = gpu("h0", "n3", tflops="200", vram="80Gi")
-    other["metadata"]["labels"]["tensor-fusion.ai/gpupool"] = "inference"
-    pending = pod("big", "u-big", tflops="90")
-    pending["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                        "message": "0/3 nodes are available: need 90 TFLOPS free"}]
-    claim = {"metadata": {"name": "gpu-tf-abc", "labels": {"tensor-fusion.ai/expansion": "x1",
-                                                          "karpenter.sh/nodepool": "gpu"},
-                          "annotations": {"tensor-fusion.ai/expansion-pod": "ml/big"}},
-             "status": {"conditions": [{"type": "Launched", "status": "True"},
-                                       {"type": "Ready", "status": "False"}]}}
-    ready_claim = {"metadata": {"name": "done", "labels": {"tensor-fusion.ai/expansion": "x0"}},
-                   "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
-    foreign_claim = {"metadata": {"name": "karpenters-own", "labels": {}}}
-    return StatusSnapshot(
-        nodes=[],
-        gpus=[gpu("g0", "n1"), gpu("g1", "n1"), gpu("g2", "n2"), other],
-        pools=[_pool(POOL, default=True, template="compact"), _pool("inference", provisioning="Karpenter")],
-        templates=[{"metadata": {"name": "compact"}, "spec": {"placement": {"mode": "CompactFirst"}}}],
-        pods=[pod("a", "u-a", tflops="30", node="n1", gpu_ids="g0", phase="Running"),
-              pod("b", "u-b", tflops="100", node="n2", gpu_ids="g2", phase="Running"),
-              pending],
-        nodeclaims=[claim, ready_claim, foreign_claim],
-        gpunodeclaims=[
-            {"metadata": {"name": "inference-x1", "labels": {"tensor-fusion.ai/gpupool": "inference"}},
-             "spec": {"instanceType": "p5.48xlarge"}, "status": {"phase": "Creating"}},
-            {"metadata": {"name": "inference-x0", "labels": {"tensor-fusion.ai/gpupool": "inference"}},
-             "spec": {"instanceType": "p5.48xlarge"}, "status": {"phase": "Bound"}},
-        ],
-    )
+from tests.unit.fixtures.fakes import POOL, pod
+from tests.unit.fixtures.status import Closable, status_snapshot
 
 
 def test_report_per_pool():
-    report = build_report(_snapshot())
+    report = build_report(status_snapshot())
     pools = {p["name"]: p for p in report["pools"]}
     assert list(pools) == ["inference", POOL]
     a = pools[POOL]
@@ -78,7 +36,7 @@ def test_report_per_pool():
 
 
 def test_table_names_every_pool_pending_pod_and_claim():
-    text = render_table(build_report(_snapshot()))
+    text = render_table(build_report(status_snapshot()))
     lines = text.splitlines()
     assert lines[0].split()[:3] == ["POOL", "MODE", "PROVISIONING"]
     row = next(line for line in lines if line.startswith(POOL + "*"))
@@ -137,24 +95,19 @@ def test_cli_parses_status(tmp_path: Any, capsys: pytest.CaptureFixture[str]):
 def test_json_output_is_the_report(monkeypatch: pytest.MonkeyPatch):
     from extender import status_cmd
 
-    monkeypatch.setattr(status_cmd, "read_snapshot", lambda _lister: _snapshot())
-    monkeypatch.setattr("extender.kube.client.load_api_client", lambda _path, context=None: _Closable())
+    monkeypatch.setattr(status_cmd, "read_snapshot", lambda _lister: status_snapshot())
+    monkeypatch.setattr("extender.kube.client.load_api_client", lambda _path, context=None: Closable())
     out = io.StringIO()
     args = cli.build_parser().parse_args(["status", "-o", "json"])
     assert status_cmd.main_status(args, out) == 0
-    assert json.loads(out.getvalue()) == build_report(_snapshot())
-
-
-class _Closable:
-    def close(self) -> None:
-        pass
+    assert json.loads(out.getvalue()) == build_report(status_snapshot())
 
 
 def test_allocated_vs_used_per_pool_node_gpu_and_workload():
     from extender.status_cmd import report_state
     from extender.status_usage import render_usage, usage_report
 
-    snapshot = _snapshot()
+    snapshot = status_snapshot()
     shared = pod("c", "u-c", tflops="10", node="n1", gpu_ids="g0", phase="Running")
     shared["metadata"]["labels"]["tensor-fusion.ai/workload"] = "trainer"
     snapshot.pods.append(shared)
@@ -181,7 +134,7 @@ def test_status_with_an_unreachable_prometheus_still_reports_and_says_why(monkey
             pass
 
     monkeypatch.setattr("extender.kube.client.load_api_client", lambda path, context=None: Client())
-    monkeypatch.setattr(status_cmd, "read_snapshot", lambda lister: _snapshot())
+    monkeypatch.setattr(status_cmd, "read_snapshot", lambda lister: status_snapshot())
     out = io.StringIO()
     args = cli.build_parser().parse_args(["status", "--prometheus", "http://127.0.0.1:9"])
     assert status_cmd.main_status(args, out) == 1
@@ -194,8 +147,8 @@ def test_yaml_output_is_the_report(monkeypatch: pytest.MonkeyPatch):
 
     from extender import status_cmd
 
-    monkeypatch.setattr(status_cmd, "read_snapshot", lambda _lister: _snapshot())
-    monkeypatch.setattr("extender.kube.client.load_api_client", lambda _path, context=None: _Closable())
+    monkeypatch.setattr(status_cmd, "read_snapshot", lambda _lister: status_snapshot())
+    monkeypatch.setattr("extender.kube.client.load_api_client", lambda _path, context=None: Closable())
     out = io.StringIO()
     assert status_cmd.main_status(cli.build_parser().parse_args(["status", "-o", "yaml"]), out) == 0
-    assert yaml.safe_load(out.getvalue()) == build_report(_snapshot())
+    assert yaml.safe_load(out.getvalue()) == build_report(status_snapshot())

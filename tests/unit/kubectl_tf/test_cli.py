@@ -14,7 +14,8 @@ import yaml
 
 from extender.common.version import version
 from kubectl_tf import cli
-from tests.unit.test_simulate import CLUSTER, PODS
+from tests.unit.fixtures.simulate import CLUSTER, PODS
+from tests.unit.fixtures.status import Closable, status_snapshot
 
 PLUGIN = Path(sys.executable).parent / "kubectl-tf"
 
@@ -112,11 +113,11 @@ def test_simulate_through_the_plugin_is_tf_extender_simulate(tmp_path: Path,
 
 
 def test_status_json_through_the_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
-    from extender import status_cmd
-    from tests.unit.test_status_cmd import _Closable, _snapshot
 
-    monkeypatch.setattr(status_cmd, "read_snapshot", lambda _lister: _snapshot())
-    monkeypatch.setattr("extender.kube.client.load_api_client", lambda _path, context=None: _Closable())
+    from extender import status_cmd
+
+    monkeypatch.setattr(status_cmd, "read_snapshot", lambda _lister: status_snapshot())
+    monkeypatch.setattr("extender.kube.client.load_api_client", lambda _path, context=None: Closable())
     out = io.StringIO()
     args = cli.build_parser().parse_args(["status", "-o", "json", "-n", "nowhere"])
     assert status_cmd.main_status(args, out) == 0

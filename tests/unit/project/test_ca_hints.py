@@ -3,13 +3,12 @@ resources mutated pods request, for every provider, in the form that provider re
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import yaml
 
 from extender.common.contract import index_resource_names
+from tests.unit.fixtures import ROOT
 
-HINTS = Path(__file__).resolve().parents[2] / "manifests" / "optional" / "cluster-autoscaler" / \
+HINTS = ROOT / "manifests" / "optional" / "cluster-autoscaler" / \
     "node-template-hints.yaml"
 
 

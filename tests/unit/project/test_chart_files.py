@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.fixtures import ROOT
+
 CHART = ROOT / "charts" / "tensor-fusion-extender"
 COPIES = [
     (CHART / "files" / "rbac.yaml", ROOT / "manifests" / "rbac.yaml"),

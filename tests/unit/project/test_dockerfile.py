@@ -6,12 +6,11 @@ import re
 import shutil
 import subprocess
 import tomllib
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.fixtures import ROOT
 
 
 def _console_scripts() -> set[str]:
@@ -55,7 +54,7 @@ def test_dockerfile_checks_every_console_script() -> None:
 
 @pytest.mark.parametrize("script", sorted(_console_scripts()))
 def test_each_console_script_is_installed_and_answers_help(script: str) -> None:
-    path = shutil.which(script) or str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / script)
+    path = shutil.which(script) or str(ROOT / ".venv" / "bin" / script)
     result = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "usage" in result.stdout.lower()

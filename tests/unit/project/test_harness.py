@@ -11,8 +11,7 @@ import textwrap
 from pathlib import Path
 
 from tests.harness import processes
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.unit.fixtures import ROOT
 
 # A child process that takes ports from the harness and holds them until its stdin closes.
 _ALLOCATE = textwrap.dedent("""
@@ -27,9 +26,9 @@ _ALLOCATE = textwrap.dedent("""
 
 
 def _allocators(lock_dir: Path, *argvs: list[str]) -> list[subprocess.Popen[str]]:
-    env = {**os.environ, "TF_E2E_PORT_LOCK_DIR": str(lock_dir), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "TF_E2E_PORT_LOCK_DIR": str(lock_dir), "PYTHONPATH": str(ROOT)}
     return [subprocess.Popen([sys.executable, "-c", _ALLOCATE, *argv], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, env=env, cwd=REPO) for argv in argvs]
+                             stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT) for argv in argvs]
 
 
 def _ports(proc: subprocess.Popen[str]) -> list[int]:
@@ -79,16 +78,16 @@ def test_a_unit_only_run_selects_no_e2e_test_and_builds_nothing(tmp_path: Path) 
     # no PATH: were any e2e test selected, the build (bash, go) would fail the run instead of a quiet exit 5
     env = {**os.environ, "TF_CACHE_DIR": str(cache), "PATH": ""}
     run = subprocess.run([sys.executable, "-m", "pytest", "-m", "not e2e", "-q", "-p", "no:cacheprovider",
-                          "tests/e2e"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                          "tests/e2e"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 5, run.stdout[-3000:] + run.stderr[-3000:]  # 5: every test deselected
     assert "deselected" in run.stdout
     assert not any(cache.iterdir())
 
 
 def test_the_module_order_names_only_modules_that_exist() -> None:
-    spec = importlib.util.spec_from_file_location("suite_conftest", REPO / "tests" / "conftest.py")
+    spec = importlib.util.spec_from_file_location("suite_conftest", ROOT / "tests" / "conftest.py")
     assert spec is not None and spec.loader is not None
     suite = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(suite)
     for module in (*suite._SMOKE_FIRST, *suite._LONGEST_FIRST):
-        assert (REPO / module).is_file(), module
+        assert (ROOT / module).is_file(), module

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 from extender.common import contract, labels
+from tests.unit.fixtures import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 HOMES = {ROOT / "extender" / "common" / "labels.py", ROOT / "extender" / "common" / "contract.py"}
 KEY = re.compile(r"(tensor-fusion\.ai|karpenter\.sh|([a-z0-9-]+\.)*kubernetes\.io|nvidia\.com|amd\.com)/"
                  r"[A-Za-z0-9][-A-Za-z0-9_.]*")

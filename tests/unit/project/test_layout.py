@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.fixtures import ROOT
+
 PACKAGES = ("extender", "webhook", "certs")
 
 

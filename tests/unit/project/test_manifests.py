@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.fixtures import ROOT
+
 MANIFESTS = ROOT / "manifests"
 TENSOR_FUSION_EXAMPLES = ROOT / "tests" / "compat" / "tensor-fusion"
 INDEX_NAMES = [f"tensor-fusion.ai/index_{k:x}" for k in range(16)]
@@ -384,7 +385,7 @@ def test_crds_keep_the_fields_the_design_reads():
 def test_the_image_version_is_set_once_and_is_the_release() -> None:
     import tomllib
 
-    root = Path(__file__).resolve().parents[2]
+    root = ROOT
     release = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
     kustomization = yaml.safe_load((root / "manifests" / "kustomization.yaml").read_text())
     assert kustomization["images"][0] == {"name": "tensor-fusion-extender", "newTag": release}
@@ -401,7 +402,7 @@ def test_the_image_version_is_set_once_and_is_the_release() -> None:
 
 
 def test_both_containers_have_liveness_probes_and_metrics_on_a_named_port() -> None:
-    root = Path(__file__).resolve().parents[2]
+    root = ROOT
     containers = {}
     for name in ("scheduler.yaml", "webhook.yaml"):
         for doc in yaml.safe_load_all((root / "manifests" / name).read_text()):

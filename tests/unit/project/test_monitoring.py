@@ -18,7 +18,6 @@ import promql_parser
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry
-from promql_names import DASHBOARD, PROMETHEUS_OWN, ROOT, RULES, dashboard_queries, rules, selectors
 
 from certs import authority
 from extender.controllers.capacity.compactor import CompactorMetrics
@@ -28,6 +27,8 @@ from extender.controllers.expansion.metrics import ExpansionMetrics
 from extender.controllers.gpustatus import StatusMetrics
 from extender.server.metrics import Metrics
 from extender.server.stranded import StrandedCollector, count_stranded
+from tests.harness.promql import DASHBOARD, PROMETHEUS_OWN, ROOT, RULES, dashboard_queries, rules, selectors
+from tests.unit.fixtures.markdown import anchors
 from webhook.metrics import WebhookMetrics, certificate_not_after
 
 CHART_FILES = ROOT / "charts" / "tensor-fusion-extender" / "files"
@@ -95,8 +96,6 @@ def test_alert_expression_parses_and_uses_exported_metrics(rule: dict[str, Any])
 
 @pytest.mark.parametrize("rule", rules(), ids=lambda r: f"{r['alert']}-{r['labels']['severity']}")
 def test_every_alert_has_a_runbook_section_in_the_docs(rule: dict[str, Any]):
-    from test_readme import anchors
-
     target = rule["annotations"]["runbook_url"]
     path, _, anchor = target.partition("#")
     assert path == "docs/operations.md" and anchor == rule["alert"].lower(), target

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.fixtures import ROOT
+from tests.unit.fixtures.markdown import FENCE, HEADING, anchors, prose, slug
+
 README = ROOT / "README.md"
 README_LIMIT = 12_288
 DOCS = ROOT / "docs"
@@ -29,10 +31,8 @@ GENERATED = (DOCS / "reference" / "flags.md", DOCS / "reference" / "metrics.md")
 NOT_PATH_CHECKED: tuple[Path, ...] = ()
 
 TOP_LEVEL = ("extender", "webhook", "certs", "tests", "bench", "manifests", "charts", "docs")
-FENCE = re.compile(r"^(```|~~~)")
 CODE_SPAN = re.compile(r"(`+)(.+?)\1")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^()\s]+)(?:\s+\"[^\"]*\")?\)")
-HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 REPO_PATH = re.compile(rf"^(?:{'|'.join(TOP_LEVEL)})/[\w./-]*$")
 MODULE = re.compile(r"(?<![\w./-])((?:extender|webhook|certs|bench)(?:\.[A-Za-z_]\w*)+)")
 RUN_MODULE = re.compile(r"python3? -m ((?:extender|webhook|certs|bench|tests)(?:\.\w+)+)")
@@ -49,17 +49,6 @@ def hand_written() -> list[Path]:
     return [p for p in documents() if p not in GENERATED and p not in NOT_PATH_CHECKED]
 
 
-def prose(text: str) -> Iterator[str]:
-    """The lines outside fenced code blocks."""
-    fenced = False
-    for line in text.splitlines():
-        if FENCE.match(line.strip()):
-            fenced = not fenced
-            continue
-        if not fenced:
-            yield line
-
-
 def code(text: str) -> Iterator[str]:
     """Code spans of the prose, then the lines of fenced code blocks."""
     for line in prose(text):
@@ -70,28 +59,6 @@ def code(text: str) -> Iterator[str]:
             fenced = not fenced
         elif fenced:
             yield line
-
-
-def slug(heading: str) -> str:
-    """GitHub's anchor for a heading: markup and punctuation dropped, lower case, spaces as hyphens."""
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)
-    text = text.replace("`", "").strip().lower()
-    text = re.sub(r"[^\w\- ]", "", text)
-    return text.replace(" ", "-")
-
-
-def anchors(path: Path) -> set[str]:
-    seen: dict[str, int] = {}
-    found = set()
-    for line in prose(path.read_text()):
-        match = HEADING.match(line)
-        if not match:
-            continue
-        base = slug(match.group(2))
-        count = seen.get(base, 0)
-        seen[base] = count + 1
-        found.add(base if count == 0 else f"{base}-{count}")
-    return found
 
 
 def links(path: Path) -> Iterator[str]:

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 import yaml
-from test_webhook_fixtures import OBJECTS, pod, tf
 
+from tests.unit.fixtures.webhook import OBJECTS, pod, tf
 from webhook.cli import main
 
 

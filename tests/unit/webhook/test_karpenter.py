@@ -9,10 +9,9 @@ from typing import Any
 import jsonpatch
 import pytest
 from aiohttp.test_utils import TestClient
-from test_webhook_fixtures import ServerUnderTest, pod, tf, view
-from test_webhook_server import post, review, static_view
 
 from extender.common.labels import DO_NOT_DISRUPT
+from tests.unit.fixtures.webhook import ServerUnderTest, pod, post, review, static_view, tf, view
 from webhook import cli
 from webhook.karpenter import DoNotDisruptSwitch, Mode, serves_nodeclaims
 from webhook.mutation import mutate

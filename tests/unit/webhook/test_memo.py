@@ -12,10 +12,21 @@ import jsonpatch
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_webhook_fixtures import OBJECTS, POOL_A, PROFILE, SCHEDULER, TEMPLATE, pod, tf, view
-from test_webhook_mutation import _ANNOTATIONS, _CONTAINERS, _LABELS
 
 from extender.common import contract as c
+from tests.unit.fixtures.webhook import (
+    ANNOTATION_MAPS,
+    CONTAINER_LISTS,
+    LABEL_MAPS,
+    OBJECTS,
+    POOL_A,
+    PROFILE,
+    SCHEDULER,
+    TEMPLATE,
+    pod,
+    tf,
+    view,
+)
 from webhook.memo import Mutation, MutationCache
 from webhook.mutation import mutate
 from webhook.view import StaticClusterView
@@ -145,8 +156,9 @@ def test_the_cache_is_bounded_and_skips_large_pods() -> None:
 
 
 @settings(max_examples=200)
-@given(_ANNOTATIONS, _LABELS, _CONTAINERS, st.lists(st.integers(min_value=1, max_value=128), min_size=2,
-                                                     max_size=4), st.booleans(), st.booleans())
+@given(ANNOTATION_MAPS, LABEL_MAPS, CONTAINER_LISTS,
+       st.lists(st.integers(min_value=1, max_value=128), min_size=2, max_size=4),
+       st.booleans(), st.booleans())
 def test_cached_mutation_equals_uncached_for_any_pod(annotations: dict[str, str], labels: dict[str, str],
                                                      containers: list[dict[str, Any]], indexes: list[int],
                                                      do_not_disrupt: bool, plain_json: bool) -> None:

@@ -9,10 +9,22 @@ import jsonpatch
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_webhook_fixtures import NS, POOL_A, POOL_B, SCHEDULER, pod, tf, view
 
 from extender.common import contract as c
 from extender.common.contract import RequestContext, parse_request, profile_annotations
+from tests.unit.fixtures.webhook import (
+    ANNOTATION_MAPS,
+    CONTAINER_LISTS,
+    GOOD_VALUES,
+    LABEL_MAPS,
+    NS,
+    POOL_A,
+    POOL_B,
+    SCHEDULER,
+    pod,
+    tf,
+    view,
+)
 from webhook.mutation import MutationResult, mutate
 
 
@@ -323,39 +335,10 @@ def test_no_default_pool_is_denied() -> None:
 
 # --- properties ---------------------------------------------------------------------------------------
 
-_GOOD = {
-    c.TFLOPS_REQUEST: ["1", "1.5", "500m"], c.TFLOPS_LIMIT: ["2", "10"],
-    c.VRAM_REQUEST: ["1Gi", "0", "1536Mi"], c.VRAM_LIMIT: ["2Gi", "16384Mi"],
-    c.PERCENT_REQUEST: ["10", "12.5"], c.PERCENT_LIMIT: ["50", "100"],
-    c.GPU_COUNT: ["1", "2"], c.GPU_POOL: ["pool-a", "pool-b"], c.GPU_INDICES: ["0", "0,1"],
-    c.ISOLATION: ["shared", "soft", "hard", "partitioned"], c.QOS: ["low", "medium", "high", "critical"],
-    c.AUTOSCALE: ["true", "false"], c.AUTOSCALE_TARGET: ["all", "compute", "vram"],
-    c.WORKLOAD_PROFILE: ["small"], c.INJECT_CONTAINER: ["main", "side", "main,side"],
-    c.GPU_MODEL: ["H100"], "example.com/other": ["x"],
-}
-_JUNK = ["-1", "150", "abc", "", "1,1", "0.5", "nope"]
-
-
-def _value(key: str) -> st.SearchStrategy[str]:
-    # Mostly valid values, so that many generated pods are accepted and their output checked.
-    return st.sampled_from(_GOOD[key] * 6 + _JUNK)
-
-
-_ANNOTATIONS = st.lists(st.sampled_from(sorted(_GOOD)), unique=True, max_size=7).flatmap(
-    lambda keys: st.fixed_dictionaries({k: _value(k) for k in keys}))
-_LABELS = st.dictionaries(st.sampled_from(["tier", "env", "scale", "frozen"]),
-                          st.sampled_from(["batch", "prod", "dev", "yes", "broken"]), max_size=3)
-_CONTAINERS = st.sampled_from([
-    [{"name": "main"}],
-    [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "2"}}}],
-    [{"name": "main"}, {"name": "side", "resources": {"limits": {"nvidia.com/gpu": 1}}}],
-    [{"name": "main"}, {"name": "side"}],
-])
-
 
 @settings(max_examples=300)
-@given(st.dictionaries(st.sampled_from(sorted(_GOOD)) | st.text(max_size=30), st.text(max_size=30),
-                       max_size=10), _LABELS, _CONTAINERS)
+@given(st.dictionaries(st.sampled_from(sorted(GOOD_VALUES)) | st.text(max_size=30), st.text(max_size=30),
+                       max_size=10), LABEL_MAPS, CONTAINER_LISTS)
 def test_any_annotation_map_gives_a_patch_or_a_denial(annotations_in: dict[str, str], labels: dict[str, str],
                                                       containers: list[dict[str, Any]]) -> None:
     result = run(pod(annotations_in, labels=labels, containers=containers))
@@ -366,7 +349,7 @@ def test_any_annotation_map_gives_a_patch_or_a_denial(annotations_in: dict[str, 
 
 
 @settings(max_examples=300)
-@given(_ANNOTATIONS, _LABELS, _CONTAINERS,
+@given(ANNOTATION_MAPS, LABEL_MAPS, CONTAINER_LISTS,
        st.integers(min_value=1, max_value=128))
 def test_accepted_pods_reparse_to_the_same_request_and_mutation_is_idempotent(
         annotations_in: dict[str, str], labels: dict[str, str], containers: list[dict[str, Any]],
@@ -392,7 +375,6 @@ def test_accepted_pods_reparse_to_the_same_request_and_mutation_is_idempotent(
     # Idempotent: mutating the mutated pod changes nothing.
     again = run(mutated, (index % 128) + 1)
     assert again.denial is None and again.patch == []
-
 
 
 @pytest.mark.parametrize(("annotations", "spec", "key"), [

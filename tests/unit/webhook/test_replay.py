@@ -12,9 +12,8 @@ from typing import Any
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_webhook_fixtures import NS, OBJECTS, REPLICASET, pod, tf, view
-from test_webhook_server import review
 
+from tests.unit.fixtures.webhook import NS, OBJECTS, REPLICASET, pod, review, tf, view
 from webhook.admission import Outcome
 from webhook.index import IndexAllocator
 from webhook.memo import MutationCache

@@ -18,35 +18,29 @@ import aiohttp
 import jsonpatch
 import pytest
 from aiohttp.test_utils import TestClient
-from test_webhook_fixtures import (
+
+from certs import authority, files
+from tests.unit.fixtures.webhook import (
     NS,
     OBJECTS,
     POOL_A,
     PROFILE,
     REPLICASET,
     TEMPLATE,
+    ClientFactory,
     ServerUnderTest,
     pod,
+    post,
+    review,
+    static_view,
     tf,
     view,
 )
-
-from certs import authority, files
 from webhook import cli
 from webhook.caches import ServingCaches
 from webhook.owners import OwnerCache
 from webhook.server import WebhookService, create_server
 from webhook.view import ClusterView, KubeObject
-
-ClientFactory = Any
-
-
-def review(obj: Any = None, *, operation: str = "CREATE", uid: str = "uid-1",
-           kind: str = "Pod") -> dict[str, Any]:
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {"uid": uid, "kind": {"group": "", "version": "v1", "kind": kind},
-                        "resource": {"group": "", "version": "v1", "resource": "pods"},
-                        "operation": operation, "namespace": NS, "object": obj}}
 
 
 class Ready:
@@ -55,10 +49,6 @@ class Ready:
 
     def __call__(self) -> bool:
         return self.value
-
-
-async def static_view(_pod: KubeObject, _namespace: str) -> ClusterView:
-    return view()
 
 
 @pytest.fixture
@@ -71,12 +61,6 @@ async def client(aiohttp_client: ClientFactory, ready: Ready) -> TestClient[Any,
     service = WebhookService(static_view, ready, scheduler_name="gpu-sched", request_timeout=2.0)
     server = ServerUnderTest(lambda: create_server(service, max_body_bytes=64 * 1024))
     return await aiohttp_client(server)  # type: ignore[no-any-return]
-
-
-async def post(client: TestClient[Any, Any], body: Any) -> tuple[int, Any]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    response = await client.post("/mutate", data=data, headers={"Content-Type": "application/json"})
-    return response.status, await response.json()
 
 
 async def test_opted_in_pod_gets_a_json_patch(client: TestClient[Any, Any]) -> None:

@@ -1,6 +1,6 @@
 """The pure recommender: the VPA histogram, usage windows, config defaults and problems, cron floors in a
 time zone, the external scaler's answer and the merge. Agreement with TensorFusion's Go code on seeded
-streams is test_autoscaling_differential.py."""
+streams is test_recommend_differential.py."""
 
 from __future__ import annotations
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import pathlib
 
 import pytest
 
 from extender.autoscaling.usage import VramPeakWeight, WorkloadUsage
 from tests.differential.cases import cases
 from tests.differential.ours import run_case, run_case_with_usage
+from tests.unit.fixtures import ROOT
 
-HERE = pathlib.Path(__file__).resolve().parent.parent / "differential"
+HERE = ROOT / "tests" / "differential"
 GOLDEN = json.loads((HERE / "golden.json").read_text())
 CASES = {c["name"]: c for c in cases()}
 THEIRS = {r["name"]: r["ticks"] for r in GOLDEN["results"]}

@@ -13,11 +13,10 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_webhook_fixtures import ServerUnderTest, pod, tf
-from test_webhook_server import ClientFactory, post, review, static_view
 
 from extender.common.batched_log import FLUSH_AFTER, MAX_PENDING, BatchedLog
 from extender.common.logs import Timestamps
+from tests.unit.fixtures.webhook import ClientFactory, ServerUnderTest, pod, post, review, static_view, tf
 from webhook import server
 from webhook.admission import allow, deny, encode_review
 from webhook.memo import MutationCache

@@ -7,10 +7,10 @@ import copy
 from typing import Any
 
 import pytest
-from extender_fakes import POOL, gpu, pod
 
 from extender.controllers.gpustatus import WORK_PER_SLICE, GPUStatusWriter, StatusSettings, stored_part
 from extender.scheduling.state import ClusterState, Kind
+from tests.unit.fixtures.fakes import POOL, gpu, pod
 
 
 class Store:

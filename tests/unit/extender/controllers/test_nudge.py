@@ -11,7 +11,7 @@ from extender.common.labels import NUDGE_ANNOTATION
 from extender.controllers.nudge import Nudges, SchedulerNudger
 from extender.kube.client import ApiException
 from extender.scheduling.state import ClusterState, FilterOutcome, Kind
-from tests.unit.test_state import bound, gpu, make, pod
+from tests.unit.fixtures.scheduling import bound, gpu, make, pod
 
 
 class Clock:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from extender_fakes import POOL, Events, FakeApi, Pods, gpu, pod
 from kubernetes.client import ApiException
 
 from extender.controllers.preemptor import Preemptor
 from extender.scheduling.pdb import PdbGuard, budgets_from, violations
 from extender.scheduling.state import ClusterState, FilterOutcome, Kind
+from tests.unit.fixtures.fakes import POOL, Events, FakeApi, Pods, gpu, pod
 
 
 def prioritised(name: str, uid: str, priority: int, **kw: Any) -> dict[str, Any]:

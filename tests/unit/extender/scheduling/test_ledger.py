@@ -2,43 +2,14 @@
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 import pytest
 
 from extender.common.contract import GPURequest, Isolation
 from extender.scheduling.inventory import NANO
 from extender.scheduling.ledger import Allocation, Distrust, Ledger, Usage
+from tests.unit.fixtures.scheduling import alloc, ledger_with_gpus, request
 
 GIB = 1 << 30
-
-
-def request(
-    tflops: str | None = "10",
-    vram: int = 4 * GIB,
-    percent: str | None = None,
-    isolation: Isolation = Isolation.SOFT,
-) -> GPURequest:
-    return GPURequest(
-        pool="p",
-        tflops_request=Fraction(tflops) if tflops else None,
-        percent_request=Fraction(percent) if percent else None,
-        vram_request=vram,
-        isolation=isolation,
-    )
-
-
-def alloc(
-    uid: str, gpus: tuple[str, ...] = ("g1",), req: GPURequest | None = None, node: str = "n1"
-) -> Allocation:
-    return Allocation(uid, f"ns/{uid}", node, gpus, req or request())
-
-
-def ledger_with_gpus(*names: str) -> Ledger:
-    ledger = Ledger()
-    for name in names:
-        ledger.set_gpu(name, "n1", 100 * NANO, 40 * GIB)
-    return ledger
 
 
 @pytest.mark.parametrize(

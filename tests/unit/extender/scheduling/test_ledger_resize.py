@@ -8,7 +8,7 @@ from fractions import Fraction
 from extender.common.contract import Isolation
 from extender.scheduling.inventory import NANO
 from extender.scheduling.ledger import Distrust, Ledger, Resized, Usage
-from tests.unit.test_ledger import GIB, alloc, ledger_with_gpus, request
+from tests.unit.fixtures.scheduling import GIB, alloc, ledger_with_gpus, request
 
 
 def test_a_scale_up_that_fits_moves_only_that_pods_share() -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from extender_fakes import POOL, gpu
 
 from extender.scheduling.state import ClusterState, Kind
+from tests.unit.fixtures.fakes import POOL, gpu
 
 PODS = 2000
 POD_SIZE = 512 * 1024

@@ -7,81 +7,7 @@ from typing import Any
 import pytest
 
 from extender.scheduling.state import ClusterState, InventorySource, Kind, PlacementError
-
-POOL = "p"
-GIB = 1 << 30
-
-
-def gpu(
-    name: str,
-    node: str,
-    tflops: str = "100",
-    vram: str = "40Gi",
-    *,
-    pool: str | None = POOL,
-    model: str = "A100",
-    vendor: str = "NVIDIA",
-    index: int = 0,
-    phase: str = "Running",
-) -> dict[str, Any]:
-    labels = {"tensor-fusion.ai/gpupool": pool} if pool else {}
-    return {
-        "apiVersion": "tensor-fusion.ai/v1",
-        "kind": "GPU",
-        "metadata": {"name": name, "labels": labels},
-        "status": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "capacity": {"tflops": tflops, "vram": vram},
-            "gpuModel": model,
-            "vendor": vendor,
-            "index": index,
-            "phase": phase,
-            "usedBy": "tensor-fusion",
-        },
-    }
-
-
-def pod(
-    name: str,
-    tflops: str | None = "10",
-    vram: str = "4Gi",
-    *,
-    node: str | None = None,
-    gpu_ids: str | None = None,
-    phase: str = "Pending",
-    priority: int | None = None,
-    annotations: dict[str, str] | None = None,
-    terminating: bool = False,
-    rv: str = "1",
-) -> dict[str, Any]:
-    ann = {"tensor-fusion.ai/gpupool": POOL, "tensor-fusion.ai/vram-request": vram}
-    if tflops is not None:
-        ann["tensor-fusion.ai/tflops-request"] = tflops
-    if gpu_ids:
-        ann["tensor-fusion.ai/gpu-ids"] = gpu_ids
-    ann.update(annotations or {})
-    meta: dict[str, Any] = {
-        "name": name,
-        "namespace": "ml",
-        "uid": f"uid-{name}",
-        "resourceVersion": rv,
-        "annotations": ann,
-    }
-    if terminating:
-        meta["deletionTimestamp"] = "2024-01-01T00:00:00Z"
-    spec: dict[str, Any] = {"containers": [{"name": "c"}]}
-    if node:
-        spec["nodeName"] = node
-    if priority is not None:
-        spec["priority"] = priority
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec, "status": {"phase": phase}}
-
-
-def bound(
-    name: str, node: str, gpu_ids: str, tflops: str = "10", vram: str = "4Gi", **kw: Any
-) -> dict[str, Any]:
-    kw.setdefault("phase", "Running")
-    return pod(name, tflops, vram, node=node, gpu_ids=gpu_ids, **kw)
+from tests.unit.fixtures.scheduling import GIB, POOL, bound, gpu, make, pod
 
 
 def pool(name: str, template: str | None = None, default: bool = False) -> dict[str, Any]:
@@ -96,20 +22,6 @@ def template(name: str, mode: str) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {"placement": {"mode": mode}},
     }
-
-
-def make(*objects: dict[str, Any], **kwargs: Any) -> ClusterState:
-    state = ClusterState(**kwargs)
-    kinds = {
-        "GPU": Kind.GPU,
-        "Pod": Kind.POD,
-        "GPUPool": Kind.POOL,
-        "Node": Kind.NODE,
-        "SchedulingConfigTemplate": Kind.TEMPLATE,
-    }
-    for obj in objects:
-        state.apply(kinds[obj["kind"]], "ADDED", obj)
-    return state
 
 
 def used(state: ClusterState, gpu_name: str) -> tuple[float, int]:

@@ -9,8 +9,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from defrag_fixtures import NOW_TEXT, four_nodes
-from extender_fakes import POOL, gpu, pod
 
 from extender.controllers.capacity.launch_plan import pending_demand
 from extender.controllers.defrag.config import parse_config
@@ -23,6 +21,8 @@ from extender.scheduling.ledger import Distrust
 from extender.scheduling.requests import RequestCache
 from extender.scheduling.state import ClusterState
 from extender.simulate_cmd import load_cluster
+from tests.unit.fixtures.defrag import NOW_TEXT, four_nodes
+from tests.unit.fixtures.fakes import POOL, gpu, pod
 
 
 class Rooms:

@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
-from extender_fakes import POOL, Events, FakeApi, Pods, gpu
 
 from extender.controllers.preemptor import Preemptor
 from extender.scheduling.state import ClusterState, Kind
 from extender.server.app import Handlers, create_app
 from extender.server.binder import Binder
 from extender.server.metrics import Metrics
+from tests.unit.fixtures.fakes import POOL, Events, FakeApi, Pods, gpu
 
 
 def wire_pod(name: str, uid: str, tflops: str = "20", priority: int = 0, node: str | None = None,

@@ -9,7 +9,6 @@ import logging
 from typing import Any
 
 import pytest
-from extender_fakes import POOL, Events, FakeApi, Pods, gpu, pod
 from kubernetes.client import ApiException
 
 from extender.common.batched_log import BatchedLog
@@ -19,6 +18,7 @@ from extender.scheduling.state import ClusterState, Kind
 from extender.server import binder as binder_module
 from extender.server.binder import Binder, bind_annotations, describe_allocation
 from extender.server.protocol import ExtenderBindingArgs
+from tests.unit.fixtures.fakes import POOL, Events, FakeApi, Pods, gpu, pod
 
 
 def cluster() -> ClusterState:

@@ -12,12 +12,12 @@ import asyncio
 from typing import Any
 
 import pytest
-from extender_fakes import Events, FakeApi, Pods, eventually, gpu, pod
 from kubernetes.client import ApiException
 
 from extender.scheduling.state import ClusterState, Kind, PlacementError
 from extender.server.binder import Binder
 from extender.server.protocol import ExtenderBindingArgs
+from tests.unit.fixtures.fakes import Events, FakeApi, Pods, eventually, gpu, pod
 
 GRACE = 0.05
 

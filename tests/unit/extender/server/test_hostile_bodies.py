@@ -28,10 +28,8 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from extender_fakes import POOL, Events, FakeApi, Pods, gpu
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_webhook_fixtures import view
 
 from extender.controllers.preemptor import Preemptor
 from extender.scheduling.state import ClusterState, Kind
@@ -39,6 +37,8 @@ from extender.server.app import Handlers
 from extender.server.app import create_app as extender_app
 from extender.server.binder import Binder
 from extender.server.metrics import Metrics
+from tests.unit.fixtures.fakes import POOL, Events, FakeApi, Pods, gpu
+from tests.unit.fixtures.webhook import view
 from webhook.server import WebhookService
 from webhook.server import create_server as webhook_server
 from webhook.view import ClusterView, KubeObject

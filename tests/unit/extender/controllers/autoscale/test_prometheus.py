@@ -24,9 +24,17 @@ from extender.controllers.autoscale.prometheus import (
 )
 from extender.server.allocated import allocation_rows
 from extender.server.metrics import Metrics
-from tests.unit.extender_fakes import Events
-from tests.unit.test_autoscale_loop import NOW, Workloads, _autoscaled, _loop, _usage
-from tests.unit.test_resize import _state, _used
+from tests.unit.fixtures.autoscale import (
+    NOW,
+    Workloads,
+    autoscale_snapshot,
+    autoscaled_worker,
+    autoscaler,
+    g1_used,
+    state_with,
+    usage_source,
+)
+from tests.unit.fixtures.fakes import Events, gpu
 
 
 def test_pages_cover_the_range_once_with_bounded_points() -> None:
@@ -146,23 +154,23 @@ class Down:
 
 
 def test_an_unreachable_source_is_a_condition_and_no_resize() -> None:
-    a = _autoscaled("a", "ua", "10")
-    state, workloads, events = _state(a), Workloads(), Events()
-    loop = _loop(state, [a], workloads, Down(), events)
+    a = autoscaled_worker("a", "ua", "10")
+    state, workloads, events = state_with(a), Workloads(), Events()
+    loop = autoscaler(state, [a], workloads, Down(), events)
     asyncio.run(loop.reconcile(NOW))
     (condition,) = workloads.objects[("ml", "a")]["status"]["conditions"]
     assert condition["status"] == "False" and condition["reason"] == "UsageUnavailable"
     assert "http://p" in condition["message"]
-    assert events.recorded == [] and _used(state) == 10
+    assert events.recorded == [] and g1_used(state) == 10
     # back again: what was missed is read, from where the last good read ended
-    loop.source = _usage("a", 40.0)
+    loop.source = usage_source("a", 40.0)
     asyncio.run(loop.reconcile(NOW + dt.timedelta(seconds=30)))
-    assert _used(state) == 47
+    assert g1_used(state) == 47
 
 
 def test_allocations_per_gpu_and_pod_carry_dcgm_uuid() -> None:
-    a = _autoscaled("a", "ua", "10")
-    state = _state(a)
+    a = autoscaled_worker("a", "ua", "10")
+    state = state_with(a)
     gpus, pods = allocation_rows(state, lambda name, namespace: a if name == "a" else None)
     (g,) = gpus
     assert g.gpu == "g1" and g.uuid == "g1" and g.tflops == 10
@@ -176,8 +184,8 @@ def test_allocations_per_gpu_and_pod_carry_dcgm_uuid() -> None:
 
 
 def test_the_dcgm_uuid_of_a_gpu_named_as_tensorfusion_names_it() -> None:
+
     from extender.scheduling.inventory import gpu_from_object
-    from tests.unit.test_resize import gpu
 
     obj = gpu("gpu-7d8429d5-531d-d6a6-6510-3b662081a75a", "n1")
     device = gpu_from_object(obj)
@@ -206,9 +214,8 @@ def test_plan_autoscale_reads_prometheus(tmp_path, capsys) -> None:
     import urllib.parse
 
     from extender.cli import main
-    from tests.unit.test_resize import _snapshot
 
-    cluster, _ = _snapshot(tmp_path)
+    cluster, _ = autoscale_snapshot(tmp_path)
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -242,10 +249,10 @@ def test_plan_autoscale_reads_prometheus(tmp_path, capsys) -> None:
 
 
 def test_plan_autoscale_with_an_unreachable_prometheus_says_why(tmp_path, capsys) -> None:
-    from extender.cli import main
-    from tests.unit.test_resize import _snapshot
 
-    cluster, _ = _snapshot(tmp_path)
+    from extender.cli import main
+
+    cluster, _ = autoscale_snapshot(tmp_path)
     rc = main(["plan", "--cluster", str(cluster), "--autoscale", "--prometheus", "http://127.0.0.1:9"])
     assert rc == 2
     assert "--prometheus: Prometheus at http://127.0.0.1:9" in capsys.readouterr().err

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import yaml
-from defrag_fixtures import NOW_TEXT, TF, four_nodes, gpus, node, pdb, pool, room_for_one, worker
 
 from extender.controllers.defrag.config import parse_config
 from extender.controllers.defrag.plan import (
@@ -24,6 +23,7 @@ from extender.plan_cmd import snapshot_inputs
 from extender.planning.action import plan
 from extender.scheduling.state import ClusterState
 from extender.simulate_cmd import load_cluster
+from tests.unit.fixtures.defrag import NOW_TEXT, TF, four_nodes, gpus, node, pdb, pool, room_for_one, worker
 
 NOW = dt.datetime.fromisoformat(NOW_TEXT)
 

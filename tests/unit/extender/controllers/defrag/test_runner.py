@@ -8,7 +8,6 @@ import copy
 import datetime as dt
 from typing import Any
 
-from defrag_fixtures import NOW_TEXT, four_nodes, pool
 from prometheus_client import CollectorRegistry
 
 from extender.common.labels import MANUAL_DEFRAG
@@ -17,6 +16,7 @@ from extender.controllers.defrag.metrics import DefragMetrics
 from extender.controllers.defrag.runner import Defragmenter, Eviction, Trigger, manual_trigger
 from extender.scheduling.state import ClusterState, FilterOutcome, Kind
 from extender.simulate_cmd import load_cluster
+from tests.unit.fixtures.defrag import NOW_TEXT, four_nodes, pool
 
 NOW = dt.datetime.fromisoformat(NOW_TEXT)
 
@@ -279,7 +279,7 @@ async def test_many_candidates_are_read_with_one_pod_list(monkeypatch):
 
 
 async def test_a_node_whose_room_the_previous_node_took_is_reported_no_room():
-    from defrag_fixtures import room_for_one
+    from tests.unit.fixtures.defrag import room_for_one
 
     objects = room_for_one()
     defragmenter, cluster, recorder, _, metrics = setup(objects)

@@ -1,4 +1,4 @@
-"""The expander's flags (the Lease itself: tests/unit/test_lease.py)."""
+"""The expander's flags (the Lease itself: tests/unit/extender/kube/test_lease.py)."""
 
 from __future__ import annotations
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_expansion_worker import CAPACITY_ONLY, FakePort, later, make
-from test_expansion_worker import port as port  # the fixture
 
 from extender.common.labels import EXPANSION_INSTANCE_TYPE, EXPANSION_NODEPOOL, INSTANCE_TYPE, NODEPOOL_LABEL
 from extender.controllers.expansion.detect import REASON_CHECK, REASON_COMPLETED, REASON_FAILED
@@ -19,6 +17,8 @@ from extender.controllers.expansion.karpenter import (
 )
 from extender.controllers.expansion.worker import REASON_CONSOLIDATION, REASON_SKIPPED, REASON_WAITING
 from extender.scheduling.state import FilterOutcome
+from tests.unit.fixtures.expansion import CAPACITY_ONLY, FakePort, later, make
+from tests.unit.fixtures.expansion import port as port  # the fixture
 
 GFD = {"nvidia.com/gpu.count": "1", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
        "nvidia.com/gpu.memory": "81920"}

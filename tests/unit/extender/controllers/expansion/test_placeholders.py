@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from kubernetes.client.rest import ApiException
-from test_expansion_worker import CAPACITY_ONLY, Clock, FakePort, Leader, gpu
 
 from extender.common.contract import POOL_LABEL, parse_request
 from extender.common.labels import (
@@ -27,6 +26,7 @@ from extender.controllers.expansion.placeholders import REASON_WAITING, Placehol
 from extender.controllers.expansion.provisioner import AutoscalerConfig, Provisioner, pool_provisioner
 from extender.controllers.expansion.worker import Expander
 from extender.scheduling.state import FilterOutcome
+from tests.unit.fixtures.expansion import CAPACITY_ONLY, Clock, FakePort, Leader, gpu
 
 NS = "tensor-fusion-sys"
 FITS = FilterOutcome(["n1"], {}, {}, None, False)

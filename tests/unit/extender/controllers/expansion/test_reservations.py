@@ -119,11 +119,10 @@ class Writer:
 
 
 async def test_the_keeper_follows_the_ledger_and_backs_off_from_refused_pods() -> None:
-    from extender_fakes import gpu, pod
-
     from extender.controllers.expansion.provisioner import AutoscalerConfig
     from extender.controllers.expansion.reservations import RETRY_FAILED_SECONDS, ReservationKeeper
     from extender.scheduling.state import ClusterState, Kind
+    from tests.unit.fixtures.fakes import gpu, pod
 
     now = [0.0]
     state = ClusterState()
@@ -161,11 +160,10 @@ async def test_a_node_whose_gpus_are_advertised_after_its_pods_bound_is_reserved
     node idle and drained it). The clock stands still, so only the node event can bring the pod."""
     import asyncio
 
-    from extender_fakes import eventually, gpu, pod
-
     from extender.controllers.expansion.provisioner import AutoscalerConfig
     from extender.controllers.expansion.reservations import ReservationKeeper
     from extender.scheduling.state import ClusterState, Kind
+    from tests.unit.fixtures.fakes import eventually, gpu, pod
 
     state = ClusterState()
     nodes = node_cache(node("a", gpus=None))

@@ -3,8 +3,7 @@ behind a small in-memory port and a hand-driven clock."""
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -13,164 +12,9 @@ from extender.common.labels import DO_NOT_DISRUPT, INSTANCE_TYPE, NODEPOOL_LABEL
 from extender.controllers.expansion.config import ExpansionConfig
 from extender.controllers.expansion.detect import REASON_CHECK, REASON_COMPLETED, REASON_FAILED
 from extender.controllers.expansion.worker import REASON_SKIPPED, REASON_WAITING, Expander
-from extender.scheduling.inventory import NANO, GPUDevice
 from extender.scheduling.state import FilterOutcome
-
-Gi = 1 << 30
-CAPACITY_ONLY = FilterOutcome([], {"n1": "busy"}, {}, None, True)
-
-
-def gpu(name: str, node: str, vram: int = 80) -> GPUDevice:
-    return GPUDevice(name=name, node=node, pool="pool-a", model="A100", vendor="NVIDIA", index=0,
-                     phase="Running", used_by="tensor-fusion", isolation_mode="soft",
-                     capacity_tflops=312 * NANO, capacity_vram=vram * Gi)
-
-
-class FakePort:
-    def __init__(self) -> None:
-        self.nodes: dict[str, dict[str, Any]] = {}
-        self.gpus: dict[str, list[GPUDevice]] = {}
-        self.claims: dict[str, dict[str, Any]] = {}
-        self.nodepools: dict[str, dict[str, Any]] = {}
-        self.gpupools: dict[str, dict[str, Any]] = {}
-        self.pods: dict[str, dict[str, Any]] = {}
-        self.events: list[tuple[str, str, str]] = []
-        self.created: list[dict[str, Any]] = []
-        self.fail_create: Exception | None = None
-        self.pod_event_list: list[dict[str, Any]] = []
-        self.added_at: float | None = None
-
-    # cluster view
-    def node(self, name: str) -> Mapping[str, Any] | None:
-        return self.nodes.get(name)
-
-    def node_gpus(self, name: str) -> Sequence[GPUDevice]:
-        return self.gpus.get(name, [])
-
-    def nodeclaims(self) -> Sequence[Mapping[str, Any]]:
-        return list(self.claims.values())
-
-    def nodeclaim(self, name: str) -> Mapping[str, Any] | None:
-        return self.claims.get(name)
-
-    def nodepool(self, name: str) -> Mapping[str, Any] | None:
-        return self.nodepools.get(name)
-
-    def gpupool(self, name: str) -> Mapping[str, Any] | None:
-        return self.gpupools.get(name)
-
-    def node_arrived(self, node_name: str, provider_id: str) -> bool:
-        return node_name in self.nodes and bool(self.gpus.get(node_name))
-
-    def all_nodes(self) -> Sequence[Mapping[str, Any]]:
-        return list(self.nodes.values())
-
-    def all_nodepools(self) -> Sequence[Mapping[str, Any]]:
-        return list(self.nodepools.values())
-
-    async def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]:
-        return [e for e in self.pod_event_list if e["involvedObject"]["uid"] == uid]
-
-    def record(self, obj: Mapping[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
-        self.events.append((obj["metadata"]["name"], reason, message))
-
-    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        pod = self.pods.get(f"{namespace}/{name}")
-        return copy.deepcopy(pod) if pod else None
-
-    def cached_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        return self.pods.get(f"{namespace}/{name}")
-
-    def node_added_at(self) -> float | None:
-        return self.added_at
-
-    async def create_nodeclaim(self, body: dict[str, Any]) -> dict[str, Any]:
-        if self.fail_create is not None:
-            raise self.fail_create
-        created = copy.deepcopy(body)
-        created["metadata"]["name"] = f"{body['metadata']['generateName']}{len(self.created)}"
-        self.claims[created["metadata"]["name"]] = created
-        self.created.append(created)
-        return created
-
-    async def start(self) -> None:
-        return None
-
-    async def stop(self) -> None:
-        return None
-
-    # the test plays the cluster
-    def add_template(self, node: str = "n1", karpenter: bool = True) -> None:
-        labels = {INSTANCE_TYPE: "p4d.24xlarge"}
-        if karpenter:
-            labels[NODEPOOL_LABEL] = "gpu"
-            self.claims[f"claim-{node}"] = {"metadata": {"name": f"claim-{node}"}, "spec": {
-                "nodeClassRef": {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": "c"},
-                "requirements": []}, "status": {"nodeName": node}}
-        self.nodes[node] = {"metadata": {"name": node, "labels": labels}, "spec": {}}
-        self.gpus[node] = [gpu(f"{node}-g0", node)]
-        self.nodepools["gpu"] = {"metadata": {"name": "gpu", "uid": "u"}, "spec": {"template": {
-            "metadata": {"annotations": {DO_NOT_DISRUPT: "true"}},
-            "spec": {"requirements": [{"key": INSTANCE_TYPE, "operator": "Exists"}]}},
-            "disruption": {"consolidationPolicy": "WhenEmpty"}}}
-
-    def add_pod(self, name: str, vram: str = "60Gi", **spec: Any) -> dict[str, Any]:
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "annotations": {
-                   "tensor-fusion.ai/gpupool": "pool-a", "tensor-fusion.ai/tflops-request": "10",
-                   "tensor-fusion.ai/vram-request": vram}},
-               "spec": dict(spec), "status": {"phase": "Pending"}}
-        self.pods[f"ns/{name}"] = pod
-        return pod
-
-    def karpenter_delivers(self, claim: str) -> None:
-        node = f"node-of-{claim}"
-        self.nodes[node] = {"metadata": {"name": node, "labels": {}}, "spec": {}}
-        self.gpus[node] = [gpu(f"{node}-g0", node)]
-        self.claims[claim]["status"] = {"nodeName": node}
-
-    def reasons(self, pod: str) -> list[str]:
-        return [reason for name, reason, _ in self.events if name == pod]
-
-    def messages(self, pod: str, reason: str) -> list[str]:
-        return [message for name, r, message in self.events if name == pod and r == reason]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Leader:
-    def __init__(self, is_leader: bool = True) -> None:
-        self.is_leader = is_leader
-
-    async def run(self) -> None:
-        return None
-
-
-@pytest.fixture
-def port() -> FakePort:
-    p = FakePort()
-    p.add_template()
-    return p
-
-
-def make(port: FakePort, leader: Leader | None = None, **config: Any) -> tuple[Expander, Clock]:
-    clock = Clock()
-    settings = {"delay_seconds": 10.0, "claim_timeout_seconds": 300.0} | config
-    ids = iter(f"e{i}" for i in range(1000))
-    expander = Expander(ExpansionConfig(**settings), port, leader=leader or Leader(), clock=clock,
-                        new_id=lambda: next(ids))
-    return expander, clock
-
-
-async def later(expander: Expander, clock: Clock, seconds: float) -> None:
-    clock.now += seconds
-    await expander.tick()
+from tests.unit.fixtures.expansion import CAPACITY_ONLY, Clock, FakePort, Leader, gpu, later, make
+from tests.unit.fixtures.expansion import port as port  # the fixture
 
 
 def metric(expander: Expander, name: str, **labels: str) -> float:

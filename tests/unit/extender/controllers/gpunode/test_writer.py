@@ -8,12 +8,11 @@ import copy
 import datetime as dt
 from typing import Any
 
-from extender_fakes import POOL, gpu, pod
-
 from extender.controllers.gpunode.config import GPUNodeConfig
 from extender.controllers.gpunode.writer import GPUNodeWriter
 from extender.planning.inputs import Inputs, claim_pool
 from extender.scheduling.state import ClusterState, Kind
+from tests.unit.fixtures.fakes import POOL, gpu, pod
 
 
 class Api:
