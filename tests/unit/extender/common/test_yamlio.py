@@ -1,17 +1,13 @@
-"""The offline tools' YAML reading (libyaml's loader, JSON fast path, errors with file and line) and their
-progress lines on stderr."""
+"""The offline tools' YAML reading: libyaml's loader, the JSON fast path, errors with file and line."""
 
 from __future__ import annotations
 
-import io
 import json
-import time
 
 import pytest
 import yaml
 
 from extender.common import yamlio
-from extender.common.progress import Progress
 
 
 def test_the_c_loader_is_used_where_pyyaml_has_it() -> None:
@@ -39,33 +35,6 @@ def test_bad_yaml_names_the_file_and_the_line(text: str, where: str) -> None:
         list(yamlio.iter_documents(text, "pods.yaml"))
     message = str(caught.value)
     assert message.startswith(where) and "not valid YAML" in message and "\n" not in message
-
-
-def test_a_quick_run_prints_nothing() -> None:
-    stream = io.StringIO()
-    with Progress("tool", stream, delay=5) as progress:
-        progress.begin("placing pods", 3)
-        progress.done = 3
-    assert stream.getvalue() == ""
-
-
-def test_a_slow_run_prints_its_step_and_count_then_the_total() -> None:
-    stream = io.StringIO()
-    with Progress("tool", stream, delay=0.05, every=0.05) as progress:
-        progress.begin("placing pods", 10)
-        progress.done = 4
-        time.sleep(0.3)
-    lines = stream.getvalue().splitlines()
-    assert lines[0].startswith("tool: placing pods 4/10 (")
-    assert lines[-1].startswith("tool: done in ")
-
-
-def test_a_failed_run_prints_no_total() -> None:
-    stream = io.StringIO()
-    with pytest.raises(RuntimeError), Progress("tool", stream, delay=0.01, every=0.01):
-        time.sleep(0.1)
-        raise RuntimeError("x")
-    assert "done in" not in stream.getvalue()
 
 
 @pytest.mark.parametrize("text", [
