@@ -127,3 +127,16 @@ def test_a_line_orjson_refuses_is_written_by_json() -> None:
     BatchedLog(logger, stream).write(logging.INFO, "admission", {"detail": "bad \ud800", "n": 1.5})
     line = json.loads(stream.getvalue())
     assert (line["detail"], line["n"], line["logger"]) == ("bad \ud800", 1.5, "test.admission.surrogate")
+
+
+@pytest.mark.parametrize("review", [
+    allow("u-1", [{"op": "add", "path": "/spec/schedulerName", "value": "s"}]),
+    allow("u-2"),
+    allow('u"3\\', [{"op": "add", "path": "/metadata/labels/a~1b", "value": "ünïcode \"q\""}]),
+    deny("u-4", 'bad "value" \\ ünïcode', 403),
+    {"apiVersion": "v", "response": {"uid": "x", "patch": "abc"}, "kind": "AdmissionReview"},  # not last
+    {"response": {"uid": "x", "patch": 'a"b'}},
+], ids=["patch", "no patch", "escapes", "denial", "response not last", "quote in patch"])
+def test_encoded_reviews_are_the_same_json(review: dict[str, Any]) -> None:
+    assert json.loads(encode_review(review)) == review
+

@@ -1,4 +1,6 @@
-"""The webhook over HTTP: /mutate with good and malformed reviews, health, readiness, metrics, HTTPS."""
+"""The webhook over HTTP: /mutate with good and malformed reviews, health, readiness, metrics, HTTPS; with its
+mutation cache the same answers as without it, and exactly one JSON admission line per mutation and per
+denial (none for untouched pods at info)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,9 @@ import asyncio
 import base64
 import contextlib
 import gzip
+import io
 import json
+import logging
 import socket
 import ssl
 import zlib
@@ -20,6 +24,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from certs import authority, files
+from extender.common.batched_log import BatchedLog
 from tests.unit.fixtures.webhook import (
     NS,
     OBJECTS,
@@ -36,8 +41,9 @@ from tests.unit.fixtures.webhook import (
     tf,
     view,
 )
-from webhook import cli
+from webhook import cli, server
 from webhook.caches import ServingCaches
+from webhook.memo import MutationCache
 from webhook.owners import OwnerCache
 from webhook.server import WebhookService, create_server
 from webhook.view import ClusterView, KubeObject
@@ -316,3 +322,52 @@ async def test_the_metrics_listener_serves_health_and_metrics_only(aiohttp_clien
     for path in ("/healthz", "/readyz", "/metrics"):
         assert (await monitoring.get(path)).status == 200, path
     assert (await monitoring.post("/mutate", data=b"{}")).status in (404, 405)
+
+
+# --- with the mutation cache and the admission log ------------------------------------------------------
+
+REQUESTS = [
+    ("a", pod(tf(tflops_request="1"))),
+    ("b", pod(tf(tflops_request="1"))),  # the same workload: a cache hit, its own index
+    ("c", pod(tf(tflops_request="1", qos="urgent"))),  # denied
+    ("d", {**pod(), "metadata": {"name": "plain", "labels": {}}}),  # not opted in: passed untouched
+    ("e", pod(tf(tflops_request="1"))),
+]
+
+
+async def answers(aiohttp_client: ClientFactory, cache: MutationCache | None) -> list[tuple[int, Any]]:
+    service = WebhookService(static_view, lambda: True, scheduler_name="gpu-sched", mutation_cache=cache)
+    client = await aiohttp_client(ServerUnderTest(lambda: create_server(service)))
+    return [await post(client, review(p, uid=uid)) for uid, p in REQUESTS]
+
+
+async def test_cached_service_answers_exactly_as_the_uncached_one(aiohttp_client: ClientFactory) -> None:
+    cache = MutationCache()
+    assert await answers(aiohttp_client, cache) == await answers(aiohttp_client, None)
+    assert (cache.misses, cache.hits) == (2, 2)
+
+
+@pytest.mark.parametrize("level, expected", [
+    (logging.INFO, [("a", "mutated"), ("b", "mutated"), ("c", "denied"), ("e", "mutated")]),
+    (logging.DEBUG,
+     [("a", "mutated"), ("b", "mutated"), ("c", "denied"), ("d", "skipped"), ("e", "mutated")]),
+    (logging.WARNING, []),
+])
+async def test_one_json_line_per_mutation_and_denial(aiohttp_client: ClientFactory, level: int,
+                                                     expected: list[tuple[str, str]],
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    stream = io.StringIO()
+    monkeypatch.setattr(server, "admission_log", BatchedLog(server.log, stream))
+    caplog.set_level(level, logger=server.log.name)
+    await answers(aiohttp_client, MutationCache())
+    server.admission_log.flush()
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(line["uid"], line["outcome"]) for line in lines] == expected
+    for line in lines:
+        assert {"ts", "level", "logger", "msg", "namespace", "pod", "reason", "duration_ms"} <= set(line)
+        assert (line["logger"], line["msg"]) == ("webhook.server", "admission")
+    denial = [line for line in lines if line["outcome"] == "denied"]
+    if denial:
+        assert denial[0]["reason"] == "tensor-fusion.ai/qos" and "urgent" in denial[0]["detail"]
+
