@@ -1,117 +1,12 @@
-"""The webhook's small parts: JSON Patch diff, selectors, index allocation, owner cache, objects files."""
+"""The owner cache: one fetch per object however many ask at once, expiry, a bound, and the owners a pod's
+workload is read from."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any
 
-import jsonpatch
-import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
-from extender.kube.selectors import SelectorError, matches
-from webhook.index import IndexAllocator
 from webhook.owners import OwnerCache, owners_of
-from webhook.patch import diff, escape_pointer_token
-from webhook.view import ObjectsError, StaticClusterView, load_objects
-from webhook.workload import label_value
-
-# --- JSON Patch ---------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("token", "escaped"), [("a/b", "a~1b"), ("a~b", "a~0b"), ("~/", "~0~1"), ("x", "x")])
-def test_pointer_escaping(token: str, escaped: str) -> None:
-    assert escape_pointer_token(token) == escaped
-
-
-_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=5), children, max_size=4),
-    max_leaves=20,
-)
-
-
-@given(_JSON, _JSON)
-def test_diff_turns_one_document_into_the_other(before: Any, after: Any) -> None:
-    assert jsonpatch.apply_patch(before, diff(before, after)) == after
-    assert diff(after, after) == []
-
-
-# --- selectors ----------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("selector", "labels", "expected"),
-    [
-        (None, {"a": "1"}, False),
-        ({}, {"a": "1"}, True),
-        ({"matchLabels": {"a": "1"}}, {"a": "1", "b": "2"}, True),
-        ({"matchLabels": {"a": "1"}}, {"a": "2"}, False),
-        ({"matchExpressions": [{"key": "a", "operator": "In", "values": ["1", "2"]}]}, {"a": "2"}, True),
-        ({"matchExpressions": [{"key": "a", "operator": "In", "values": ["1"]}]}, {}, False),
-        ({"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]}, {}, True),
-        ({"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]}, {"a": "1"}, False),
-        ({"matchExpressions": [{"key": "a", "operator": "Exists"}]}, {"a": ""}, True),
-        ({"matchExpressions": [{"key": "a", "operator": "DoesNotExist"}]}, {"a": ""}, False),
-        ({"matchLabels": {"a": "1"}, "matchExpressions": [{"key": "b", "operator": "Exists"}]}, {"a": "1"},
-         False),
-    ],
-)
-def test_label_selector(selector: dict[str, Any] | None, labels: dict[str, str], expected: bool) -> None:
-    assert matches(selector, labels) is expected
-
-
-def test_unknown_selector_operator_is_an_error() -> None:
-    with pytest.raises(SelectorError, match="Gt"):
-        matches({"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]}, {"a": "2"})
-
-
-# --- index allocation ---------------------------------------------------------------------------------
-
-
-def test_indices_cycle_through_1_to_128() -> None:
-    allocator = IndexAllocator()
-    assert [allocator.next() for _ in range(130)] == [*range(1, 129), 1, 2]
-
-
-def test_indices_are_unique_across_threads() -> None:
-    allocator = IndexAllocator()
-    seen: list[int] = []
-    lock = threading.Lock()
-
-    def take() -> None:
-        for _ in range(16):
-            value = allocator.next()
-            with lock:
-                seen.append(value)
-
-    threads = [threading.Thread(target=take) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert sorted(seen) == list(range(1, 129))
-
-
-@pytest.mark.parametrize(("start", "size"), [(0, 128), (129, 128), (1, 0), (1, 200)])
-def test_allocator_rejects_bad_ranges(start: int, size: int) -> None:
-    with pytest.raises(ValueError, match="must be within"):
-        IndexAllocator(start, size)
-
-
-# --- labels -------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("text", "value"), [("web", "web"), ("a" * 70, "a" * 63), ("-x y.", "x-y"),
-                                             ("a" * 62 + "-b", "a" * 62)])
-def test_label_values_are_valid(text: str, value: str) -> None:
-    assert label_value(text) == value
-
-
-# --- owner cache --------------------------------------------------------------------------------------
 
 
 class FakeApi:
@@ -207,34 +102,3 @@ async def test_owners_of_answers_from_the_cache_without_fetching_until_the_entry
     assert cache.cached("ns", "ReplicaSet", "web-1") == (False, None)
     assert await owners_of(owned, "ns", cache, 1.0) == {("ns", "ReplicaSet", "web-1"): RS}
     assert len(api.calls) == 3
-
-
-# --- objects files ------------------------------------------------------------------------------------
-
-
-def test_objects_from_a_stream_and_lists() -> None:
-    text = """
-kind: GPUPool
-metadata: {name: a}
----
-apiVersion: v1
-kind: List
-items:
-- {kind: WorkloadProfile, metadata: {name: p, namespace: x}}
----
-kind: GPUPoolList
-items:
-- metadata: {name: b}
-"""
-    objects = load_objects(text)
-    assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
-        ("GPUPool", "a"), ("WorkloadProfile", "p"), ("GPUPool", "b")]
-    view = StaticClusterView(objects)
-    assert view.pool("b") is not None and view.profile("x", "p") is not None
-
-
-@pytest.mark.parametrize("text", ["[1, 2]", "kind: [", "- a\n- b", "metadata: {}"])
-def test_bad_objects_files_are_reported(text: str) -> None:
-    with pytest.raises(ObjectsError):
-        load_objects(text)
-

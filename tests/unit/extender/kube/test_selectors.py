@@ -70,3 +70,33 @@ def test_values_compare_as_the_strings_labels_are(selector: dict[str, Any], labe
 def test_node_requirements(operator: str, values: list[str], value: str | None, expected: bool) -> None:
     assert requirement_selects(operator, values, value) is expected
     assert expression_selects({"key": "k", "operator": operator, "values": values}, value) is expected
+
+
+# --- LabelSelector as the webhook reads it (SchedulingConfigTemplate rules) -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("selector", "labels", "expected"),
+    [
+        (None, {"a": "1"}, False),
+        ({}, {"a": "1"}, True),
+        ({"matchLabels": {"a": "1"}}, {"a": "1", "b": "2"}, True),
+        ({"matchLabels": {"a": "1"}}, {"a": "2"}, False),
+        ({"matchExpressions": [{"key": "a", "operator": "In", "values": ["1", "2"]}]}, {"a": "2"}, True),
+        ({"matchExpressions": [{"key": "a", "operator": "In", "values": ["1"]}]}, {}, False),
+        ({"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]}, {}, True),
+        ({"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]}, {"a": "1"}, False),
+        ({"matchExpressions": [{"key": "a", "operator": "Exists"}]}, {"a": ""}, True),
+        ({"matchExpressions": [{"key": "a", "operator": "DoesNotExist"}]}, {"a": ""}, False),
+        ({"matchLabels": {"a": "1"}, "matchExpressions": [{"key": "b", "operator": "Exists"}]}, {"a": "1"},
+         False),
+    ],
+)
+def test_label_selector(selector: dict[str, Any] | None, labels: dict[str, str], expected: bool) -> None:
+    assert matches(selector, labels) is expected
+
+
+def test_unknown_selector_operator_is_an_error() -> None:
+    with pytest.raises(SelectorError, match="Gt"):
+        matches({"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]}, {"a": "2"})
+
