@@ -1,6 +1,6 @@
-"""The pure recommender: the VPA histogram, usage windows, config defaults and problems, cron floors in a
-time zone, the external scaler's answer and the merge. Agreement with TensorFusion's Go code on seeded
-streams is test_recommend_differential.py."""
+"""The pure recommender: percentiles with margin and floors, the QoS, cron floors in a time zone, the external
+scaler's answer and the merge. The histogram, usage windows and config have modules of their own; agreement
+with TensorFusion's Go code on seeded streams is test_recommend_differential.py."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from extender.autoscaling.config import Resources, parse_config, split_zone
-from extender.autoscaling.histogram import DecayingHistogram, ExponentialOptions
+from extender.autoscaling.config import Resources, parse_config
 from extender.autoscaling.recommend import (
     CronState,
     Result,
@@ -22,139 +21,12 @@ from extender.autoscaling.recommend import (
     percentile,
     recommend,
 )
-from extender.autoscaling.usage import (
-    TFLOPS_OPTIONS,
-    VRAM_OPTIONS,
-    VramPeakWeight,
-    WorkerUsage,
-    WorkloadUsage,
-)
+from extender.autoscaling.usage import WorkerUsage, WorkloadUsage
 
 GI = 2**30
 HOUR = 3600 * 10**9
 T0 = 1_790_000_000 * 10**9
 UTC = ZoneInfo("UTC")
-
-
-def test_the_buckets_are_the_vpas() -> None:
-    # VPA's own numbers: 0.1 TFLOPS first bucket, 5 % growth up to 10,000 -> 176 buckets
-    assert TFLOPS_OPTIONS.num_buckets == 176
-    assert VRAM_OPTIONS.num_buckets == 176
-    assert TFLOPS_OPTIONS.bucket_start(0) == 0.0
-    assert TFLOPS_OPTIONS.bucket_start(1) == pytest.approx(0.1)
-    assert TFLOPS_OPTIONS.find_bucket(0.05) == 0
-    assert TFLOPS_OPTIONS.find_bucket(1e9) == 175
-    with pytest.raises(ValueError, match="ratio"):
-        ExponentialOptions(10.0, 1.0, 1.0, 0.1)
-
-
-def test_a_percentile_answers_the_end_of_the_bucket_that_reaches_it() -> None:
-    h = DecayingHistogram(TFLOPS_OPTIONS, HOUR)
-    assert h.is_empty() and h.percentile(0.5) == 0.0
-    for value in (1.0, 2.0, 3.0, 4.0):
-        h.add_sample(value, 1.0, T0)
-    b = TFLOPS_OPTIONS.find_bucket(2.0)
-    assert h.percentile(0.5) == TFLOPS_OPTIONS.bucket_start(b + 1)
-    assert h.percentile(1.0) == TFLOPS_OPTIONS.bucket_start(TFLOPS_OPTIONS.find_bucket(4.0) + 1)
-
-
-def test_a_sample_one_half_life_later_weighs_twice_as_much() -> None:
-    h = DecayingHistogram(TFLOPS_OPTIONS, HOUR)
-    h.add_sample(1.0, 1.0, T0)
-    h.add_sample(100.0, 1.0, T0 + HOUR)
-    # weights 1 and 2: the median is the newer, larger value
-    assert h.percentile(0.4) > 50
-    assert h.total == pytest.approx(3.0 * h.weights[TFLOPS_OPTIONS.find_bucket(1.0)])
-
-
-def test_the_reference_moves_after_a_hundred_half_lives_without_losing_the_ratio() -> None:
-    h = DecayingHistogram(TFLOPS_OPTIONS, HOUR)
-    h.add_sample(1.0, 1.0, T0)
-    first_reference = h.reference_ns
-    h.add_sample(100.0, 1.0, T0 + 150 * HOUR)
-    assert h.reference_ns > first_reference
-    assert h.percentile(0.99) > 50  # the old sample weighs 2**-150 of the new one
-
-
-def test_subtracting_clamps_at_zero_and_empties() -> None:
-    h = DecayingHistogram(VRAM_OPTIONS, HOUR)
-    h.add_sample(5e9, 1.0, T0)
-    h.subtract_sample(5e9, 2.0, T0)
-    assert h.is_empty() and h.total == 0.0
-
-
-def test_tflops_samples_weigh_a_tenth_and_out_of_order_ones_are_dropped() -> None:
-    u = WorkloadUsage(HOUR)
-    u.add(WorkerUsage("a", 5.0, GI, T0))
-    u.add(WorkerUsage("a", 9.0, GI, T0 - 1))
-    assert u.samples == 1
-    assert u.tflops.total == pytest.approx(0.1 * u.tflops.weights[TFLOPS_OPTIONS.find_bucket(5.0)] / 0.1)
-
-
-def test_a_higher_peak_in_the_window_replaces_the_old_one_and_keeps_other_workers() -> None:
-    ours = WorkloadUsage(HOUR, VramPeakWeight.ADDED)
-    theirs = WorkloadUsage(HOUR, VramPeakWeight.WINDOW_END)
-    for u in (ours, theirs):
-        u.add(WorkerUsage("a", 1.0, 20 * GI, T0))
-        u.add(WorkerUsage("b", 1.0, 4 * GI, T0))
-        u.add(WorkerUsage("b", 1.0, 6 * GI, T0 + HOUR))  # replaces b's 4 GiB peak
-    # ours: a's 20 GiB and b's 6 GiB remain; the top percentile is a's peak
-    assert ours.vram.percentile(0.99) >= 20 * GI
-    assert ours.latest_vram_peak() == 20 * GI
-    # TensorFusion's: subtracting b's old peak with the window end's (larger) weight drains the total, so a's
-    # 20 GiB no longer counts for the 99th percentile
-    assert theirs.vram.percentile(0.99) < 20 * GI
-
-
-def test_a_new_window_starts_every_24_hours() -> None:
-    u = WorkloadUsage(HOUR)
-    u.add(WorkerUsage("a", 1.0, 8 * GI, T0))
-    u.add(WorkerUsage("a", 1.0, 2 * GI, T0 + 25 * HOUR))
-    assert u.samplers["a"].peak == 2 * GI
-    assert u.samplers["a"].window_end_ns == T0 + 48 * HOUR
-    u.forget_workers([])
-    assert u.samplers == {}
-
-
-def test_defaults_are_tensorfusions() -> None:
-    c = parse_config({"autoSetResources": {"enable": True, "targetResource": "all"}})
-    assert c.auto_set is not None and not c.problems
-    p = c.auto_set.percentiles
-    assert (p.target_tflops, p.lower_tflops, p.upper_tflops) == (0.95, 0.5, 0.99)
-    assert (p.target_vram, p.lower_vram, p.upper_vram) == (0.98, 0.5, 0.99)
-    assert (p.margin, p.update_threshold) == (0.15, 0.1)
-    assert (p.min_compute_ratio, p.max_compute_ratio, p.min_vram_ratio, p.max_vram_ratio) == (0.1, 10, 0.2, 5)
-    assert c.auto_set.history_period_ns == 2 * HOUR
-    assert c.auto_set.initial_delay_ns == HOUR // 2
-    assert c.auto_set.scales("compute") and c.auto_set.scales("vram")
-
-
-@pytest.mark.parametrize(("field", "value", "says"), [
-    ("targetComputePercentile", "ninety", "targetComputePercentile: 'ninety' is not a number"),
-    ("lowerBoundComputePercentile", "0_5", "lowerBoundComputePercentile: '0_5' is not a number"),
-    ("updateThreshold", "nan", "updateThreshold: 'nan' is outside 0 and up"),
-    ("upperBoundVRAMPercentile", "1.5", "upperBoundVRAMPercentile: '1.5' is outside 0-1"),
-    ("marginFraction", "-0.1", "marginFraction: '-0.1' is outside 0 and up"),
-    ("historyDataPeriod", "2 hours", "historyDataPeriod: '2 hours' is not a duration"),
-    ("initialDelayPeriod", "0s", "initialDelayPeriod: '0s' must be positive"),
-    ("targetResource", "gpu", "targetResource: 'gpu' is not one of all, compute, vram"),
-])
-def test_bad_fields_fall_back_to_the_default_and_are_named(field: str, value: str, says: str) -> None:
-    c = parse_config({"autoSetResources": {"enable": True, "targetResource": "all", field: value}})
-    assert c.auto_set is not None
-    assert len(c.problems) == 1 and c.problems[0].startswith("spec.autoScalingConfig.autoSetResources.")
-    assert says in c.problems[0]
-    defaults = parse_config({"autoSetResources": {"enable": True}}).auto_set
-    assert defaults is not None
-    assert c.auto_set.percentiles == defaults.percentiles
-    assert c.auto_set.history_period_ns == defaults.history_period_ns
-
-
-def test_a_target_resource_limits_what_a_resize_may_move() -> None:
-    c = parse_config({"autoSetResources": {"enable": True, "targetResource": "compute"}})
-    assert c.auto_set is not None and c.auto_set.scales("compute") and not c.auto_set.scales("vram")
-    off = parse_config({"autoSetResources": {"enable": False, "targetResource": "all"}})
-    assert off.auto_set is not None and not off.auto_set.scales("compute")
 
 
 def _usage(tflops: list[float], vram: int, workers: int = 1) -> WorkloadUsage:
@@ -281,11 +153,6 @@ def test_two_active_rules_are_an_error_and_neither_applies() -> None:
     noon = dt.datetime(2026, 3, 23, 12, 0, tzinfo=dt.UTC)
     out, _, error = cron(both.cron_rules, None, ORIGINAL, noon, UTC)
     assert out.result is None and "only one active cron scaling rule" in error
-
-
-def test_split_zone_reads_robfig_prefixes() -> None:
-    assert split_zone("TZ=Asia/Tokyo 0 9 * * *") == ("Asia/Tokyo", "0 9 * * *")
-    assert split_zone(" 0 9 * * *") == (None, "0 9 * * *")
 
 
 # -- external and the whole tick -----------------------------------------------------------------------------
