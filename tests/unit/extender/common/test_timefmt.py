@@ -60,3 +60,18 @@ def test_an_offset_is_kept_and_compares_with_utc() -> None:
     parsed = parse_time("2026-01-01T02:00:00+02:00")
     assert parsed == dt.datetime(2026, 1, 1, tzinfo=UTC)
     assert parsed is not None and parsed.utcoffset() == dt.timedelta(hours=2)
+
+
+# --- the forms every duration takes ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("5m", 300), ("1h30m", 5400), ("90s", 90), ("250ms", 0.25)])
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text).total_seconds() == seconds
+
+
+@pytest.mark.parametrize("text", ["", "5", "m5", "5 m", "5d"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
