@@ -8,7 +8,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from extender.controllers.capacity.launcher import Launcher, LauncherMetrics
-from extender.kube.resources import GPU_NODE_CLAIMS, GPU_POOLS, NODECLAIMS, NODES
 from tests.unit.fixtures.capacity import NOW, FakePort, gfd_node, karpenter_pool, view_of
 from tests.unit.fixtures.capacity import catalog_file as catalog_file  # the fixture
 
@@ -122,14 +121,3 @@ async def test_the_karpenter_sync_leaves_the_claims_of_provisioned_pools_alone(c
     provisioner = Launcher(view, port, LauncherMetrics(CollectorRegistry()))  # type: ignore[arg-type]
     await provisioner.sync_claims()
     assert [c for c in port.calls if c[0] in ("PATCH", "DELETE", "POST")] == []
-
-
-def test_resources_used() -> None:
-    assert {GPU_NODE_CLAIMS.plural, GPU_POOLS.plural, NODECLAIMS.plural, NODES.plural} == {
-        "gpunodeclaims",
-        "gpupools",
-        "nodeclaims",
-        "nodes",
-    }
-
-
