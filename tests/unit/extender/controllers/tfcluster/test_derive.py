@@ -1,75 +1,14 @@
-"""The TensorFusionCluster -> GPUPool derivation (TensorFusion's rule, plus hand edits and bad entries),
-its status, and the cloud vendor checks."""
+"""The TensorFusionCluster -> GPUPool derivation: TensorFusion's rule, plus hand edits and bad entries, and
+the conditions of its status."""
 
 from __future__ import annotations
 
-import asyncio
-import copy
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiException
 
-from extender.controllers.tfcluster import derive, vendor
-from extender.controllers.tfcluster.loop import cluster_status
-
-MANAGED_BY = "tensor-fusion.ai/managed-by"
-DEFAULT = "tensor-fusion.ai/is-default-pool"
-HASH = "tensor-fusion.ai/template-hash"
-SHARED = {"nodeManagerConfig": {"provisioningMode": "AutoSelect"}}
-BIG = {
-    "nodeManagerConfig": {"provisioningMode": "Karpenter"},
-    "capacityConfig": {"minResources": {"tflops": "100"}},
-}
-
-
-def cluster(
-    *entries: tuple[str, bool, dict[str, Any]],
-    name: str = "tf",
-    labels: dict[str, str] | None = None,
-    uid: str = "c-uid",
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "tensor-fusion.ai/v1",
-        "kind": "TensorFusionCluster",
-        "metadata": {"name": name, "uid": uid, "labels": labels or {}},
-        "spec": {"gpuPools": [{"name": n, "isDefault": d, "specTemplate": t} for n, d, t in entries]},
-    }
-
-
-def derived(
-    c: dict[str, Any],
-    entry: str,
-    spec: dict[str, Any],
-    *,
-    is_default: bool = False,
-    template: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A pool as the controller made it (hash of ``template``, default ``spec``)."""
-    return {
-        "apiVersion": "tensor-fusion.ai/v1",
-        "kind": "GPUPool",
-        "metadata": {
-            "name": f"{c['metadata']['name']}-{entry}",
-            "resourceVersion": "7",
-            "labels": {MANAGED_BY: c["metadata"]["name"]},
-            "annotations": {
-                DEFAULT: "true" if is_default else "false",
-                HASH: derive.template_hash(spec if template is None else template),
-            },
-            "ownerReferences": [
-                {
-                    "apiVersion": "tensor-fusion.ai/v1",
-                    "kind": "TensorFusionCluster",
-                    "name": c["metadata"]["name"],
-                    "uid": c["metadata"]["uid"],
-                    "controller": True,
-                }
-            ],
-        },
-        "spec": copy.deepcopy(spec),
-        "status": {"phase": "Running"},
-    }
+from extender.controllers.tfcluster import derive
+from tests.unit.fixtures.tfcluster import BIG, DEFAULT, HASH, MANAGED_BY, SHARED, cluster, derived
 
 
 def verbs(plan: derive.Plan) -> list[tuple[str, str]]:
@@ -240,39 +179,6 @@ def test_a_pool_of_an_earlier_cluster_of_the_same_name_is_not_ours() -> None:
     assert derive.plan(c, [old]).problems and not derive.plan(c, [old]).actions
 
 
-def test_status_running_when_in_step_updating_while_changing_and_totals_summed() -> None:
-    c = cluster(("a", False, SHARED), ("b", False, SHARED))
-    pools = [derived(c, "a", SHARED), derived(c, "b", SHARED)]
-    pools[0]["status"] = {
-        "totalNodes": 2,
-        "totalGPUs": 4,
-        "totalTFlops": "500",
-        "totalVRAM": "96Gi",
-        "availableTFlops": "300",
-        "availableVRAM": "64Gi",
-    }
-    pools[1]["status"] = {
-        "totalNodes": 1,
-        "totalGPUs": 1,
-        "totalTFlops": "125",
-        "totalVRAM": "24Gi",
-        "availableTFlops": "bad",
-        "availableVRAM": "24Gi",
-    }
-    plan = derive.plan(c, pools)
-    status = cluster_status(c, plan, pools, vendor.Connection(True, "CloudVendorConnectionOK", ""), "T1")
-    assert status["phase"] == "Running"
-    assert (status["totalPools"], status["totalNodes"], status["totalGPUs"]) == (2, 3, 5)
-    assert (status["totalTFlops"], status["totalVRAM"]) == ("625", "120Gi")
-    assert (status["availableTFlops"], status["availableVRAM"]) == ("300", "88Gi")  # a bad value counts 0
-    assert status["readyGPUPools"] == ["tf-a", "tf-b"] and status["notReadyGPUPools"] == []
-    kinds = {x["type"]: x["status"] for x in status["conditions"]}
-    assert kinds == {"Ready": "True", "GPUPoolReady": "True", "CloudVendorConnectionReady": "True"}
-    changing = cluster_status(c, derive.plan(c, pools[:1]), pools[:1], None, "T2")
-    assert changing["phase"] == "Updating"
-    assert {x["type"]: x["status"] for x in changing["conditions"]}["GPUPoolReady"] == "False"
-
-
 def test_a_condition_keeps_its_transition_time_until_its_status_changes() -> None:
     first = derive.set_condition([], {"type": "Ready", "status": "True", "reason": "CheckPassed"}, "T1")
     same = derive.set_condition(first, {"type": "Ready", "status": "True", "reason": "CheckPassed"}, "T2")
@@ -280,68 +186,3 @@ def test_a_condition_keeps_its_transition_time_until_its_status_changes() -> Non
     assert [c["lastTransitionTime"] for c in (*first, *same, *flipped)] == ["T1", "T1", "T3"]
 
 
-def test_a_failed_vendor_check_makes_the_cluster_not_ready() -> None:
-    c = cluster(("a", False, SHARED))
-    plan = derive.plan(c, [derived(c, "a", SHARED)])
-    bad = vendor.Connection(False, "NotYetSupported", "computingVendor.type aws: not yet")
-    status = cluster_status(c, plan, [], bad, "T")
-    conditions = {x["type"]: x for x in status["conditions"]}
-    assert status["phase"] == "Updating"
-    assert conditions["CloudVendorConnectionReady"]["status"] == "False"
-    assert conditions["Ready"]["reason"] == "NotYetSupported"
-
-
-class _Reader:
-    def __init__(self, error: Exception | None = None) -> None:
-        self.error = error
-        self.paths: list[str] = []
-
-    async def list_one(self, path: str) -> Any:
-        self.paths.append(path)
-        if self.error is not None:
-            raise self.error
-        return {"items": []}
-
-
-@pytest.mark.parametrize(
-    ("vendor_type", "error", "ok", "reason", "message"),
-    [
-        ("karpenter", None, True, "CloudVendorConnectionOK", "can be listed"),
-        ("karpenter", ApiException(status=404), False, "CloudVendorConnectionFailed", "install Karpenter"),
-        (
-            "karpenter",
-            ApiException(status=403),
-            False,
-            "CloudVendorConnectionFailed",
-            "may not list NodeClaims",
-        ),
-        (
-            "karpenter",
-            ApiException(status=500),
-            False,
-            "CloudVendorConnectionFailed",
-            "listing NodeClaims failed",
-        ),
-        ("aws", None, False, "CloudVendorConnectionFailed", "computingVendor.params.defaultRegion: required"),
-        ("alibaba", None, False, "CloudVendorConnectionFailed", "computingVendor.params.defaultRegion"),
-        ("gcp", None, False, "UnsupportedVendor", "'gcp': not supported; supported: alibaba, aws, karpenter"),
-    ],
-)
-def test_vendor_checks(
-    vendor_type: str, error: Exception | None, ok: bool, reason: str, message: str
-) -> None:
-    reader = _Reader(error)
-    connection = asyncio.run(vendor.connection_check(vendor_type)({"type": vendor_type}, reader))
-    assert (connection.ok, connection.reason) == (ok, reason)
-    assert message in connection.message
-    assert reader.paths == (["/apis/karpenter.sh/v1/nodeclaims"] if vendor_type == "karpenter" else [])
-
-
-def test_the_connection_check_reads_key_files_only_under_the_key_dir(tmp_path: Any) -> None:
-    raw = {"type": "alibaba", "authType": "accessKey",
-           "params": {"defaultRegion": "cn-hangzhou", "accessKeyPath": "/etc/hostname",
-                      "secretKeyPath": str(tmp_path / "sk")}}
-    connection = asyncio.run(vendor.connection_check("alibaba", str(tmp_path))(raw, _Reader(None)))
-    assert (connection.ok, connection.reason) == (False, "CloudVendorConnectionFailed")
-    assert "spec.computingVendor.params.accessKeyPath='/etc/hostname'" in connection.message
-    assert "--cloud-key-dir" in connection.message
