@@ -1,5 +1,6 @@
-"""The parts behind ClusterState: what an event reports for a pod's assumed GPUs, and what-if copies that
-planners try placements on without touching the live state or telling anyone."""
+"""ClusterState over its parts: a bind's reservation forgotten once the watch shows the pod, and what-if
+copies that planners try placements on without touching the live state or telling anyone. What
+Cluster.apply itself reports: test_cluster.py."""
 
 from __future__ import annotations
 
@@ -16,13 +17,12 @@ from extender.controllers.defrag.plan import Snapshot, plan_pool
 from extender.planning.inputs import Inputs
 from extender.planning.pool import pool_config
 from extender.scheduling.assume import AssumeCache
-from extender.scheduling.cluster import Cluster, Kind, PodChange
+from extender.scheduling.cluster import Kind
 from extender.scheduling.ledger import Distrust
-from extender.scheduling.requests import RequestCache
 from extender.scheduling.state import ClusterState
 from extender.simulate_cmd import load_cluster
 from tests.unit.fixtures.defrag import NOW_TEXT, four_nodes
-from tests.unit.fixtures.fakes import POOL, gpu, pod
+from tests.unit.fixtures.fakes import POOL, bound, gpu, pod
 
 
 class Rooms:
@@ -33,10 +33,6 @@ class Rooms:
 
     def __call__(self, nodes: Iterable[str]) -> None:
         self.told.extend(nodes)
-
-
-def bound(name: str, uid: str, node: str, gpu_ids: str, tflops: str = "60") -> dict[str, Any]:
-    return pod(name, uid, tflops, node=node, gpu_ids=gpu_ids, phase="Running")
 
 
 def live(*objects: dict[str, Any], **kwargs: Any) -> ClusterState:
@@ -55,38 +51,7 @@ def picture(state: ClusterState) -> tuple[object, ...]:
     return (state.gpu_usage(), state.allocations(), state.version, state.held_gpus())
 
 
-# --- Cluster.apply reports; the facade forgets ------------------------------------------------------
-
-
-def cluster_with_gpu() -> Cluster:
-    cluster = Cluster(RequestCache())
-    cluster.apply(Kind.POOL, "ADDED", {"metadata": {"name": POOL}, "spec": {}})
-    cluster.apply(Kind.GPU, "ADDED", gpu("g1", "n1"))
-    return cluster
-
-
-def test_apply_reports_bound_when_a_pods_allocation_starts_to_count() -> None:
-    cluster = cluster_with_gpu()
-    assert cluster.apply(Kind.POD, "ADDED", pod("a", "u1")) is PodChange.UNCHANGED  # pending
-    assert cluster.apply(Kind.POD, "MODIFIED", bound("a", "u1", "n1", "g1")) is PodChange.BOUND
-    # an older, unbound copy of the pod (a watch catching up after a read confirmed the bind): no news
-    assert cluster.apply(Kind.POD, "MODIFIED", pod("a", "u1")) is PodChange.UNCHANGED
-    assert cluster.ledger.bound("u1") is not None
-
-
-def test_apply_reports_gone_for_a_deleted_or_finished_pod() -> None:
-    cluster = cluster_with_gpu()
-    cluster.apply(Kind.POD, "ADDED", bound("a", "u1", "n1", "g1"))
-    assert cluster.apply(Kind.POD, "MODIFIED", bound("a", "u1", "n1", "g1") | {
-        "status": {"phase": "Succeeded"}}) is PodChange.GONE
-    assert cluster.apply(Kind.POD, "DELETED", pod("b", "u2")) is PodChange.GONE
-    assert cluster.ledger.allocation("u1") is None
-
-
-def test_apply_reports_unchanged_for_objects_that_are_not_pods() -> None:
-    cluster = cluster_with_gpu()
-    assert cluster.apply(Kind.GPU, "MODIFIED", gpu("g2", "n1")) is PodChange.UNCHANGED
-    assert cluster.apply(Kind.NODE, "ADDED", {"metadata": {"name": "n1"}}) is PodChange.UNCHANGED
+# --- the facade forgets ------------------------------------------------------------------------------
 
 
 def test_a_refused_bound_record_keeps_the_reservation_of_the_bind_in_flight() -> None:
