@@ -113,7 +113,6 @@ def test_simulate_through_the_plugin_is_tf_extender_simulate(tmp_path: Path,
 
 
 def test_status_json_through_the_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
-
     from extender import status_cmd
 
     monkeypatch.setattr(status_cmd, "read_snapshot", lambda _lister: status_snapshot())

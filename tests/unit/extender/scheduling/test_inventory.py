@@ -14,6 +14,7 @@ from extender.scheduling.inventory import (
     pool_template,
     template_mode,
 )
+from tests.unit.fixtures.fakes import gpu
 
 GIB = 1 << 30
 
@@ -160,3 +161,15 @@ def test_pool_and_template_fields() -> None:
         "CompactFirst",
     )
     assert (pool_is_default({"metadata": {}}), pool_template({}), template_mode({})) == (False, None, None)
+
+
+def test_the_dcgm_uuid_of_a_gpu_named_as_tensorfusion_names_it() -> None:
+    from extender.scheduling.inventory import gpu_from_object
+
+    obj = gpu("gpu-7d8429d5-531d-d6a6-6510-3b662081a75a", "n1")
+    device = gpu_from_object(obj)
+    assert device is not None and device.dcgm_uuid == "GPU-7d8429d5-531d-d6a6-6510-3b662081a75a"
+    obj["status"]["uuid"] = "GPU-ABC"
+    device = gpu_from_object(obj)
+    assert device is not None and device.dcgm_uuid == "GPU-ABC"
+

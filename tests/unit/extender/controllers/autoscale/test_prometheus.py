@@ -1,6 +1,6 @@
 """The Prometheus usage reader without a Prometheus (the real one is in tests/e2e/test_usage_prometheus_e2e):
-paging, template substitution, answers that are not usage, flags, the allocation metrics, and the loop's
-answer to an unreachable source (a condition, never a resize)."""
+paging, template substitution, answers that are not usage, flags, ``plan --autoscale --prometheus``, and
+the loop's answer to an unreachable source (a condition, never a resize)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,6 @@ from extender.controllers.autoscale.prometheus import (
     pages,
     render,
 )
-from extender.server.allocated import allocation_rows
-from extender.server.metrics import Metrics
 from tests.unit.fixtures.autoscale import (
     NOW,
     Workloads,
@@ -34,7 +32,7 @@ from tests.unit.fixtures.autoscale import (
     state_with,
     usage_source,
 )
-from tests.unit.fixtures.fakes import Events, gpu
+from tests.unit.fixtures.fakes import Events
 
 
 def test_pages_cover_the_range_once_with_bounded_points() -> None:
@@ -168,33 +166,6 @@ def test_an_unreachable_source_is_a_condition_and_no_resize() -> None:
     assert g1_used(state) == 47
 
 
-def test_allocations_per_gpu_and_pod_carry_dcgm_uuid() -> None:
-    a = autoscaled_worker("a", "ua", "10")
-    state = state_with(a)
-    gpus, pods = allocation_rows(state, lambda name, namespace: a if name == "a" else None)
-    (g,) = gpus
-    assert g.gpu == "g1" and g.uuid == "g1" and g.tflops == 10
-    (p,) = pods
-    assert (p.namespace, p.pod, p.workload, p.uuid, p.tflops, p.vram) == ("ml", "a", "a", "g1", 10, 4 * 2**30)
-    metrics = Metrics()
-    metrics.set_allocations(gpus, pods)
-    page = metrics.render().decode()
-    assert 'tf_extender_pod_allocated_tflops{UUID="g1",namespace="ml",node="n1",pod="a",workload="a"} 10.0' \
-        in page
-
-
-def test_the_dcgm_uuid_of_a_gpu_named_as_tensorfusion_names_it() -> None:
-
-    from extender.scheduling.inventory import gpu_from_object
-
-    obj = gpu("gpu-7d8429d5-531d-d6a6-6510-3b662081a75a", "n1")
-    device = gpu_from_object(obj)
-    assert device is not None and device.dcgm_uuid == "GPU-7d8429d5-531d-d6a6-6510-3b662081a75a"
-    obj["status"]["uuid"] = "GPU-ABC"
-    device = gpu_from_object(obj)
-    assert device is not None and device.dcgm_uuid == "GPU-ABC"
-
-
 def test_the_preset_templates_parse_as_promql() -> None:
     import promql_parser
 
@@ -249,7 +220,6 @@ def test_plan_autoscale_reads_prometheus(tmp_path, capsys) -> None:
 
 
 def test_plan_autoscale_with_an_unreachable_prometheus_says_why(tmp_path, capsys) -> None:
-
     from extender.cli import main
 
     cluster, _ = autoscale_snapshot(tmp_path)
