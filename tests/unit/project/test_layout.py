@@ -14,6 +14,10 @@ under ``TYPE_CHECKING``).
   siblings at every level (``extender/controllers/expansion`` beside ``extender/controllers/capacity``,
   ``extender/planning`` beside ``extender/scheduling``, ``webhook`` beside ``extender``); any cycle among
   siblings, however long, breaks the rule.
+- ``tests/unit/`` mirrors the source tree: the tests of ``extender/kube/lease.py`` are in
+  ``tests/unit/extender/kube/test_lease.py``; tests of the repository as a whole are in
+  ``tests/unit/project/``, helpers shared between test modules in ``tests/unit/fixtures/``, and no test
+  module imports another (it would collect that module's tests a second time, and tie the two together).
 """
 
 from __future__ import annotations
@@ -218,3 +222,46 @@ def test_a_cycle_through_three_folders_is_found() -> None:
     some = Import("a.py", 1, "x.a", "x.b")
     edges = {("x.a", "x.b"): [some], ("x.b", "x.c"): [some], ("x.c", "x.a"): [some], ("x.c", "x.d"): [some]}
     assert _cycles(edges) == [["x.a", "x.b", "x.c"]]
+
+
+# --- the unit tests' own layout -----------------------------------------------------------------------
+
+UNIT = ROOT / "tests" / "unit"
+UNIT_OWN = ("fixtures", "project")  # folders of tests/unit that mirror no source package
+
+
+def _unit_files() -> list[Path]:
+    return sorted(p for p in UNIT.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_every_unit_test_folder_mirrors_a_source_package() -> None:
+    strays = []
+    for folder in sorted({p.parent for p in _unit_files()} - {UNIT}):
+        relative = folder.relative_to(UNIT)
+        if relative.parts[0] in UNIT_OWN:
+            continue
+        if not (ROOT / relative / "__init__.py").is_file():
+            strays.append(f"tests/unit/{relative}/: no source package {relative}/ to mirror")
+    strays += [f"tests/unit/{p.name}: a test module belongs in the folder of the package it tests"
+               for p in UNIT.glob("test_*.py")]
+    assert not strays, "\n".join(strays)
+
+
+def test_no_test_module_imports_another() -> None:
+    found = []
+    for path in _unit_files():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = "." * node.level + (node.module or "")
+                targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            # the suite's own modules: tests.*, unit.* (tests/ on sys.path), relative, or a bare test_x
+            ours = [t for t in targets if t.startswith(("tests.", "unit.", ".", "test_"))]
+            if any(part.startswith("test_") for target in ours for part in target.split(".")):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports a test module: shared helpers "
+                             "belong in tests/unit/fixtures/")
+    assert not found, "\n".join(found)
