@@ -7,7 +7,6 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from extender.common import eventloop
@@ -19,14 +18,7 @@ from extender.common.options import (
     take_deprecations,
 )
 from extender.common.version import version_line
-from extender.controllers import gpustatus, nudge, preemptor
-from extender.controllers.autoscale import config as workload_autoscale
-from extender.controllers.capacity import config as capacity_config
-from extender.controllers.defrag import config as defrag_config
-from extender.controllers.expansion import config as expansion_config
-from extender.controllers.expansion import provisioner as autoscaler_config
-from extender.controllers.gpunode import config as gpunode_config
-from extender.controllers.tfcluster import config as tfcluster_config
+from extender.controllers import leadership, registry
 from extender.scheduling.state import InventorySource
 
 if TYPE_CHECKING:
@@ -37,22 +29,6 @@ log = logging.getLogger(__name__)
 # Every ``serve`` option can also come from TF_EXTENDER_<FLAG> (TF_EXTENDER_BIND_DEADLINE=30s) or from
 # ``--config FILE`` (extender/common/options.py).
 ENV_PREFIX = "TF_EXTENDER"
-
-
-# The option groups of ``tf-extender serve`` beyond the process's own (below), each declared by the
-# controller package it configures, gathered here into the one parser.
-CONTROLLER_OPTIONS: tuple[Callable[[argparse.ArgumentParser], None], ...] = (
-    preemptor.add_arguments,
-    nudge.add_arguments,
-    gpustatus.add_arguments,
-    defrag_config.add_arguments,
-    expansion_config.add_arguments,
-    autoscaler_config.add_arguments,
-    capacity_config.add_arguments,
-    tfcluster_config.add_arguments,
-    gpunode_config.add_arguments,
-    workload_autoscale.add_arguments,
-)
 
 
 def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
@@ -87,8 +63,9 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                             "--no-filter-first-choice answers every fitting node and lets the scheduler's "
                             "scoring weigh them (default on)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    for add_arguments in CONTROLLER_OPTIONS:
-        add_arguments(serve)
+    leadership.add_arguments(serve)
+    for package in registry.CONTROLLERS:  # each controller package declares its own options
+        package.add_arguments(serve)
     add_config_argument(serve, ENV_PREFIX)
 
 
@@ -188,11 +165,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         metrics_port=args.metrics_port, metrics_bind_address=args.metrics_bind_address,
         inventory=InventorySource(args.inventory_source), max_pods_per_node=args.max_pods_per_node,
         bind_deadline=args.bind_deadline, filter_first_choice=args.filter_first_choice,
-        preemptor=preemptor.from_args(args), nudge_scheduler=nudge.from_args(args),
-        gpu_status=gpustatus.from_args(args), defrag=defrag_config.from_args(args),
-        expansion=expansion_config.from_args(args), autoscaler=autoscaler_config.from_args(args),
-        capacity=capacity_config.from_args(args), tfcluster=tfcluster_config.from_args(args),
-        gpu_nodes=gpunode_config.from_args(args), workload_autoscale=workload_autoscale.from_args(args),
+        lease_namespace=leadership.from_args(args),
+        controllers={package.NAME: package.from_args(args) for package in registry.CONTROLLERS},
     )
 
 

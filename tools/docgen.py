@@ -176,8 +176,8 @@ def extender_registry() -> Any:
 
     configuration = client.Configuration()
     configuration.host = "http://127.0.0.1:1"
-    settings = Settings(capacity=CapacityConfig(enabled=True), gpu_status=StatusSettings(),
-                        gpu_nodes=GPUNodeConfig())
+    settings = Settings(controllers={"capacity": CapacityConfig(enabled=True), "gpustatus": StatusSettings(),
+                                     "gpunode": GPUNodeConfig()})
     return ExtenderService(client.ApiClient(configuration), settings).metrics.registry
 
 

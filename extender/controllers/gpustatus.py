@@ -23,22 +23,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 
 from extender.common.contract import WORKLOAD_LABEL
 from extender.common.options import duration
 from extender.common.quantity import Format, format_quantity
+from extender.controllers.runner import Reconciler
 from extender.scheduling.inventory import tflops_of
 from extender.scheduling.ledger import Allocation
 from extender.scheduling.placement import share_on
 from extender.scheduling.state import ClusterState, GPUView
+
+if TYPE_CHECKING:
+    from extender.controllers.wiring import Built, Deps
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +61,10 @@ class StatusSettings:
     pool_interval: float = 5.0
     concurrency: int = 4
     settle: float = 10.0  # how long our own write may take to come back through the watch
+
+
+NAME = "gpustatus"
+DEFAULT: StatusSettings | None = None  # --write-gpu-status is off unless asked for
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -231,8 +240,7 @@ class Lookup(Protocol):
 class GPUStatusWriter:
     def __init__(self, state: ClusterState, api: StatusApi, *, gpus: Lookup, pools: Lookup, pods: Lookup,
                  settings: StatusSettings | None = None, registry: CollectorRegistry | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 ready: Callable[[], Awaitable[object]] | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.state = state
         self.api = api
         self.gpus = gpus
@@ -241,7 +249,6 @@ class GPUStatusWriter:
         self.settings = settings or StatusSettings()
         self.metrics = StatusMetrics(registry)
         self._clock = clock
-        self._ready = ready
         self._tick = 0
         self._first = True
         self._pool_due = 0.0
@@ -353,16 +360,11 @@ class GPUStatusWriter:
         await asyncio.gather(*(worker() for _ in range(min(self.settings.concurrency, len(writes)))))
         return len(writes)
 
-    async def run(self) -> None:
-        if self._ready is not None:
-            await self._ready()
-        while True:
-            started = self._clock()
-            try:
-                await self.step()
-            except Exception:  # a bug here must never stop the extender
-                log.exception("status pass failed")
-            await asyncio.sleep(max(self.settings.interval - (self._clock() - started), 0.05))
+    async def reconcile(self, now: dt.datetime) -> float:
+        """One pass; the next one ``interval`` seconds after this one started."""
+        started = self._clock()
+        await self.step()
+        return max(self.settings.interval - (self._clock() - started), 0.05)
 
 
 class KubeStatusApi:
@@ -381,3 +383,26 @@ class KubeStatusApi:
             request_json, self._api, "PATCH", path, body={"status": status},
             content_type="application/merge-patch+json")
         return result
+
+
+class _NoObjects:
+    """No GPU objects are watched (--inventory-source node-labels): no GPU status to write."""
+
+    def get(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        return None
+
+    def list(self) -> list[dict[str, Any]]:
+        return []
+
+
+def build(deps: Deps, settings: StatusSettings | None) -> Built | None:
+    """The status writer, on every replica (its writes compare with the watched objects), once the ledger
+    is known."""
+    from extender.controllers.wiring import Built
+
+    if settings is None:
+        return None
+    writer = GPUStatusWriter(deps.state, KubeStatusApi(deps.api_client), gpus=deps.core.gpus or _NoObjects(),
+                             pools=deps.core.gpupools, pods=deps.core.pods, settings=settings,
+                             registry=deps.registry)
+    return Built(controllers=(Reconciler("gpu-status", writer.reconcile, caches=deps.core.all),), part=writer)

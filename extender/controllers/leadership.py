@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from extender.controllers import (
@@ -16,12 +18,31 @@ from extender.controllers import (
     LEASE_RENEW_DEADLINE_SECONDS,
     LEASE_RENEW_SECONDS,
     LEGACY_LEASES,
-    Leader,
 )
-from extender.kube.client import error_message
-from extender.kube.lease import LeaseKeeper
 
 log = logging.getLogger(__name__)
+
+DEFAULT_NAMESPACE = "tensor-fusion-sys"
+ENV_NAMESPACE = "TF_EXPANSION_LEASE_NAMESPACE"
+# The namespace a pod runs in, from the downward API; the Lease defaults to it.
+ENV_POD_NAMESPACE = "POD_NAMESPACE"
+
+
+def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
+    """The Lease's namespace (the flag keeps the name it had when only the expander was leader-elected)."""
+    env = os.environ if environ is None else environ
+    group = parser.add_argument_group("leader election")
+    group.add_argument(
+        "--expansion-lease-namespace", dest="expansion_lease_namespace", metavar="NAMESPACE",
+        default=env.get(ENV_NAMESPACE) or env.get(ENV_POD_NAMESPACE) or DEFAULT_NAMESPACE,
+        help=f"namespace of the Lease {LEADER_LEASE} that keeps one active set of controllers per cluster "
+             f"(env {ENV_NAMESPACE}, else {ENV_POD_NAMESPACE})",
+    )
+
+
+def from_args(args: argparse.Namespace) -> str:
+    """The Lease's namespace."""
+    return str(args.expansion_lease_namespace)
 
 
 def new_identity() -> str:
@@ -69,6 +90,8 @@ class Leadership:
            duration_seconds: float = LEASE_DURATION_SECONDS,
            renew_deadline: float = LEASE_RENEW_DEADLINE_SECONDS,
            renew_seconds: float = LEASE_RENEW_SECONDS) -> Leadership:
+        from extender.kube.lease import LeaseKeeper  # here: the option declarations import this module
+
         who = identity or new_identity()
         return cls([LeaseKeeper(api_client, name, namespace, who, duration_seconds=duration_seconds,
                                 renew_deadline_seconds=renew_deadline) for name in names],
@@ -77,10 +100,6 @@ class Leadership:
     @property
     def is_leader(self) -> bool:
         return all(keeper.is_leader for keeper in self.keepers)
-
-    def follower(self) -> LeaderView:
-        """This leadership for a loop that expects to run its leader itself (the expander's)."""
-        return LeaderView(self)
 
     async def step(self) -> bool:
         """Take or renew the Leases in order; True when all are held."""
@@ -94,6 +113,8 @@ class Leadership:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # kept while fresh (LeaseKeeper.is_leader); retried next round
+                from extender.kube.client import error_message
+
                 error = ("no answer within the renew deadline" if isinstance(exc, TimeoutError)
                          else error_message(exc))
                 log.warning("lease not renewed", extra={"lease": keeper.name, "error": error})
@@ -122,18 +143,3 @@ class Leadership:
         for keeper in reversed(keepers):
             with contextlib.suppress(Exception):
                 await keeper.release()
-
-
-class LeaderView:
-    """A ``Leadership`` seen by a loop that runs its leader itself: ``run`` only waits (the service runs
-    the leadership, once for every controller)."""
-
-    def __init__(self, leadership: Leader) -> None:
-        self._leadership = leadership
-
-    @property
-    def is_leader(self) -> bool:
-        return self._leadership.is_leader
-
-    async def run(self) -> None:
-        await asyncio.Event().wait()

@@ -27,14 +27,20 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from extender.common.labels import NUDGE_ANNOTATION
-from extender.scheduling.state import FilterOutcome
+from extender.controllers.runner import Reconciler
+from extender.server.hooks import FilterHook
+
+if TYPE_CHECKING:
+    from extender.controllers.wiring import Built, Deps
+    from extender.scheduling.state import FilterOutcome
 
 log = logging.getLogger(__name__)
 
 ROUND_SECONDS = 1.0  # at least this long between two rounds of nudges
+SETTLE_SECONDS = 0.2  # after room appears, before the round
 
 PatchNode = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
@@ -110,6 +116,10 @@ def nudge_patch(now: dt.datetime) -> dict[str, Any]:
     return {"metadata": {"annotations": {NUDGE_ANNOTATION: stamp}}}
 
 
+NAME = "nudge"
+DEFAULT = True  # whether kube-scheduler is nudged
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("scheduler nudges")
     group.add_argument("--nudge-scheduler", action=argparse.BooleanOptionalAction, default=True,
@@ -122,38 +132,34 @@ def from_args(args: argparse.Namespace) -> bool:
     return bool(args.nudge_scheduler)
 
 
-class SchedulerNudger:
-    """The I/O around ``Nudges``: a filter observer, a sink for the cluster state's "room appeared", and a
-    task that patches the nodes."""
+class SchedulerNudger(FilterHook):
+    """The I/O around ``Nudges``: a filter hook (a pod turned away), a sink for the cluster state's "room
+    appeared" (``gained``), and a reconcile that patches the nodes due."""
 
     def __init__(self, patch_node: PatchNode, nudges: Nudges | None = None, *,
                  on_nudge: Callable[[str, str], None] | None = None) -> None:
         self.nudges = nudges or Nudges()
         self._patch_node = patch_node
         self._on_nudge = on_nudge or (lambda node, outcome: None)
-        self._wake = asyncio.Event()
+        # rounds start when room appears, after the events of one change (a node's several GPUs, a burst of
+        # finished pods) have gathered, and at most one a second
+        self.controller = Reconciler("scheduler-nudge", self.reconcile, settle=SETTLE_SECONDS,
+                                     min_gap=ROUND_SECONDS)
 
-    def observe(self, pod: dict[str, Any], outcome: FilterOutcome) -> None:
+    def after_filter(self, pod: dict[str, Any], outcome: FilterOutcome) -> None:
         if outcome.error is None and not outcome.fits and (outcome.failed or outcome.unresolvable):
             self.nudges.rejected()
 
     def gained(self, nodes: Iterable[str]) -> None:
         if self.nudges.gained(nodes):
-            self._wake.set()
+            self.controller.wake()
 
-    async def run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            # let the events of one change (a node's several GPUs, a burst of finished pods) gather
-            await asyncio.sleep(0.2)
-            nodes, wait = self.nudges.take()
-            for node in nodes:
-                await self._nudge(node)
-            if wait is not None:
-                asyncio.get_running_loop().call_later(wait, self._wake.set)
-            if nodes:
-                await asyncio.sleep(ROUND_SECONDS)
+    async def reconcile(self, now: dt.datetime) -> float | None:
+        """One round: nudge the nodes due now; run again when the next one is due."""
+        nodes, wait = self.nudges.take()
+        for node in nodes:
+            await self._nudge(node)
+        return wait
 
     async def _nudge(self, node: str) -> None:
         from extender.kube.client import error_message, not_found  # here: the flags import this module
@@ -172,3 +178,20 @@ class SchedulerNudger:
             return
         log.info("nudged kube-scheduler", extra={"node": node})
         self._on_nudge(node, "sent")
+
+
+def build(deps: Deps, enabled: bool) -> Built | None:
+    """The nudger on every replica: each replica's own filter answers are what it nudges for."""
+    from extender.controllers.wiring import Built
+    from extender.kube import resources
+
+    if not enabled:
+        return None
+
+    async def patch_node(node: str, patch: dict[str, Any]) -> None:
+        await deps.kube.request("PATCH", resources.object_path(resources.NODES, node), body=patch,
+                                content_type="application/merge-patch+json", timeout=10.0)
+
+    counter = deps.metrics.scheduler_nudges
+    nudger = SchedulerNudger(patch_node, on_nudge=lambda node, outcome: counter.labels(outcome).inc())
+    return Built(controllers=(nudger.controller,), hooks=(nudger,), room_sinks=(nudger.gained,), part=nudger)

@@ -13,13 +13,16 @@ then waits, and a later retry may find another set or the budget's room).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-if TYPE_CHECKING:  # the flags import this module: no HTTP server for them
+from extender.controllers.runner import KeyedQueue, KeyedReconciler
+from extender.server.hooks import FilterHook
+
+if TYPE_CHECKING:
+    from extender.controllers.wiring import Built, Deps
     from extender.kube.pods import PodApi
     from extender.server.binder import EventSink
     from extender.server.metrics import Metrics
@@ -68,6 +71,10 @@ def _uid(pod: dict[str, Any]) -> str:
     return str((pod.get("metadata") or {}).get("uid", ""))
 
 
+NAME = "preemptor"
+DEFAULT = True  # whether the preemptor runs
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("preemption")
     group.add_argument("--preemptor", action=argparse.BooleanOptionalAction, default=True,
@@ -79,7 +86,10 @@ def from_args(args: argparse.Namespace) -> bool:
     return bool(args.preemptor)
 
 
-class Preemptor:
+class Preemptor(FilterHook):
+    """Evicts for the pods the filter found no room for (``after_filter``), one pod at a time
+    (``reconcile``), and holds those pods back meanwhile (``hold_back``)."""
+
     def __init__(self, state: PreemptState, api: PodApi, events: EventSink, metrics: Metrics | None = None,
                  *, max_remembered: int = 10_000, pdb: Any = None) -> None:
         self.state = state
@@ -88,39 +98,28 @@ class Preemptor:
         self.events = events
         self.metrics = metrics
         self.max_remembered = max_remembered
-        self._pending: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        self._wake = asyncio.Event()
+        # the pods to preempt for, by key (the latest copy of a pod queued twice wins), worked by the runner
+        self.queue: KeyedQueue[dict[str, Any]] = KeyedQueue()
         self._done: OrderedDict[str, set[frozenset[str]]] = OrderedDict()  # pod uid -> victim sets
         # pod uid -> victims deleted for it; until they are gone their shares still count (a terminating pod
         # keeps its GPUs), so the scheduler's retries must not pick further victims meanwhile
         self._deleted: OrderedDict[str, dict[str, str]] = OrderedDict()  # pod uid -> {victim uid: key}
 
-    def consider(self, pod: dict[str, Any], outcome: OutcomeLike) -> None:
-        """Called after filter: queue the pod when no node fits but evicting pods could help."""
+    def after_filter(self, pod: dict[str, Any], outcome: OutcomeLike) -> None:
+        """Queue the pod when no node fits but evicting pods could help."""
         if outcome.fits or outcome.error or not outcome.failed or not may_preempt(pod):
             return
-        self._pending[_key(pod)] = pod  # the latest copy of a pod queued twice wins
-        self._wake.set()
+        self.queue.add(_key(pod), pod)
 
-    async def run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._pending:
-                _, pod = self._pending.popitem(last=False)
-                try:
-                    await self.preempt_for(pod)
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("preemption failed", extra={"pod": _key(pod)})
+    async def reconcile(self, key: str, pod: dict[str, Any]) -> None:
+        await self.preempt_for(pod)
 
     def waiting_on(self, pod: dict[str, Any]) -> list[str]:
         """The victims deleted for ``pod`` that still hold GPU capacity (terminating), by key."""
         deleted = self._deleted.get(_uid(pod)) or {}
         return sorted(key for uid, key in deleted.items() if self.state.holds(uid))
 
-    def filter_gate(self, pod: dict[str, Any]) -> str | None:
+    def hold_back(self, pod: dict[str, Any]) -> str | None:
         """For a pod that fits nowhere: an error to answer instead, while preemption is making room for it.
 
         "No node fits" would park the pod in the scheduler's unschedulable queue, and the victims'
@@ -130,7 +129,7 @@ class Preemptor:
         waiting = self.waiting_on(pod)
         if waiting:
             return f"waiting for preempted GPU pods {', '.join(waiting)} to terminate"
-        if _key(pod) in self._pending:
+        if _key(pod) in self.queue:
             choice = self.state.find_preemption(pod, self.pdb)
             if choice is not None and choice[1]:
                 names = ", ".join(f"{v.namespace}/{v.name}" for v in choice[1])
@@ -197,3 +196,17 @@ class Preemptor:
                 self.metrics.preemptions.labels("evicted").inc()
         log.info("preempted", extra={"pod": _key(pod), "node": node, "victims": deleted})
         return deleted
+
+
+def build(deps: Deps, enabled: bool) -> Built | None:
+    """The preemptor on every replica (each answers its own scheduler's filter calls): one pod at a time,
+    and a failed preemption is not retried from its queued copy (the pod may be gone or placed by then;
+    the scheduler's next filter call queues it afresh)."""
+    from extender.controllers.wiring import Built
+
+    if not enabled:
+        return None
+    preemptor = Preemptor(deps.state, deps.pod_api, deps.recorder, deps.metrics, pdb=deps.pdb)
+    controller = KeyedReconciler("preemptor", preemptor.reconcile, preemptor.queue, caches=deps.core.all,
+                                 retry_errors=False)
+    return Built(controllers=(controller,), hooks=(preemptor,), part=preemptor)

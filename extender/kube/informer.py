@@ -309,3 +309,34 @@ class WatchCache:
         if event_type in (ADDED, MODIFIED, DELETED):
             self.handle(event_type, self._with_kind(obj))
 
+
+
+class Informers:
+    """The one cache factory of a process (client-go's ``SharedInformerFactory``): every watch is made here,
+    shared by whoever asks for the same resource, namespace and selectors, and run as one task each by
+    whoever runs the process's loops (``caches()``)."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.api_client = api_client
+        self._caches: dict[tuple[str, str, str, str, str], WatchCache] = {}
+
+    def cache(self, resource: Resource, *, namespace: str | None = None, label_selector: str | None = None,
+              field_selector: str | None = None, optional: bool = False,
+              name: str | None = None) -> WatchCache:
+        """The cache of ``resource`` (in ``namespace``, narrowed by the selectors), made on first request.
+        ``optional``: a resource the API server does not serve counts as empty (a CRD not installed); a
+        cache any caller needs is not optional. ``name`` (its task's and log lines' name) is the first
+        caller's."""
+        key = (resource.group, resource.plural, namespace or "", label_selector or "", field_selector or "")
+        cache = self._caches.get(key)
+        if cache is None:
+            cache = WatchCache(self.api_client, resource, namespace=namespace, label_selector=label_selector,
+                               field_selector=field_selector, optional=optional, name=name)
+            self._caches[key] = cache
+        elif not optional:
+            cache.optional = False
+        return cache
+
+    def caches(self) -> builtins.list[WatchCache]:
+        """Every cache made so far, in the order they were first asked for."""
+        return builtins.list(self._caches.values())

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import orjson
@@ -22,8 +22,9 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from extender.common.logs import describe_exception, one_line_server_errors
-from extender.scheduling.state import ClusterState, FilterOutcome, PdbCheck
+from extender.scheduling.state import ClusterState, PdbCheck
 from extender.server.binder import Binder
+from extender.server.hooks import FilterHooks
 from extender.server.metrics import CONTENT_TYPE, Metrics
 from extender.server.protocol import (
     ExtenderArgs,
@@ -41,7 +42,6 @@ from extender.server.protocol import (
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
-FilterObserver = Callable[[dict[str, Any], FilterOutcome], None]
 
 DEFAULT_PREFIX = "/scheduler"
 DEFAULT_DEADLINE = 4.0  # kube-scheduler's extender httpTimeout defaults to 5 s
@@ -60,9 +60,7 @@ class BadRequest(Exception):
 
 class Handlers:
     def __init__(self, state: ClusterState, binder: Binder, metrics: Metrics, *,
-                 unsynced: Callable[[], list[str]], observers: Sequence[FilterObserver] = (),
-                 gate: Callable[[dict[str, Any]], str | None] | None = None,
-                 fence: Callable[[dict[str, Any], FilterOutcome], FilterOutcome] | None = None,
+                 unsynced: Callable[[], list[str]], hooks: FilterHooks | None = None,
                  deadline: float = DEFAULT_DEADLINE, bind_deadline: float = DEFAULT_BIND_DEADLINE,
                  first_choice_only: bool = False, pdb: PdbCheck | None = None) -> None:
         self.state = state
@@ -70,11 +68,7 @@ class Handlers:
         self.binder = binder
         self.metrics = metrics
         self.unsynced = unsynced
-        self.observers = list(observers)
-        # when no node fits: a reason to answer with an error instead, so the scheduler retries with backoff
-        self.gate = gate
-        # narrows the fitting nodes after the observers saw the full outcome (defragmentation's fence)
-        self.fence = fence
+        self.hooks = hooks or FilterHooks()  # the controllers' parts in the filter (server/hooks.py)
         self.deadline = deadline
         self.bind_deadline = bind_deadline
         # filter answers only the node prioritize would score 10 (the scheduler then skips prioritize)
@@ -154,16 +148,11 @@ class Handlers:
                 return _json(filter_error(problem).wire()), "not_ready"
             outcome = self.state.filter(args.pod, args.candidate_names())
             self.metrics.count_rejections([*outcome.failed.values(), *outcome.unresolvable.values()])
-            for observe in self.observers:
-                try:
-                    observe(args.pod, outcome)
-                except Exception:
-                    log.exception("filter observer failed")
-            if self.fence is not None:
-                outcome = self.fence(args.pod, outcome)
+            self.hooks.after_filter(args.pod, outcome)
+            outcome = self.hooks.narrow(args.pod, outcome)
             if self.first_choice_only:
                 outcome = self.state.first_choice(args.pod, outcome)
-            if not outcome.fits and self.gate is not None and (reason := self.gate(args.pod)):
+            if not outcome.fits and (reason := self.hooks.hold_back(args.pod)):
                 return _json(filter_error(reason).wire()), "waiting"
             answer = filter_answer(args, outcome.fits, outcome.failed, outcome.unresolvable,
                                    outcome.error or "")

@@ -12,6 +12,7 @@ spread over a few workers and a failed one is retried on the next pass. A GPUNod
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import time
 from collections.abc import Callable
@@ -78,14 +79,13 @@ class GPUNodeMetrics:
 class GPUNodeWriter:
     def __init__(self, config: GPUNodeConfig, state: ClusterState, api: GPUNodeApi, *, nodes: Store,
                  gpunodes: WatchCache, registry: CollectorRegistry | None = None,
-                 ready: Callable[[], Any] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.state = state
         self.api = api
         self.nodes = nodes
         self.gpunodes = gpunodes
         self.metrics = GPUNodeMetrics(registry)
-        self._ready = ready
         self._clock = clock
         self._tick = 0
         self._first = True
@@ -175,16 +175,8 @@ class GPUNodeWriter:
         await asyncio.gather(*(worker() for _ in range(min(self.config.concurrency, len(names)))))
         return len(names)
 
-    async def run(self) -> None:
-        if self._ready is not None:
-            await self._ready()
-        await self.gpunodes.synced.wait()
-        while True:
-            started = self._clock()
-            try:
-                await self.step()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a bug here must never stop the extender
-                log.exception("GPUNode pass failed")
-            await asyncio.sleep(max(self.config.interval_seconds - (self._clock() - started), 0.05))
+    async def reconcile(self, now: dt.datetime) -> float:
+        """One pass; the next one ``interval`` seconds after this one started."""
+        started = self._clock()
+        await self.step()
+        return max(self.config.interval_seconds - (self._clock() - started), 0.05)

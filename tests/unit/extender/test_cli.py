@@ -143,11 +143,11 @@ def test_serve_flags_reach_each_controllers_settings() -> None:
         "serve", "--no-preemptor", "--no-nudge-scheduler", "--write-gpu-status", "--gpu-status-interval", "2",
         "--no-defrag", "--defrag-replacement-timeout", "30", "--expansion-delay", "3",
         "--node-provisioner", "karpenter", "--no-capacity-controllers", "--capacity-interval", "4"])
-    settings = cli.settings_from_args(args)
-    assert (settings.preemptor, settings.nudge_scheduler) == (False, False)
-    assert settings.gpu_status is not None and settings.gpu_status.interval == 2.0
-    assert (settings.defrag.enabled, settings.defrag.replacement_timeout) == (False, 30.0)
-    assert settings.expansion.delay_seconds == 3.0
-    assert settings.autoscaler.provisioner.value == "karpenter"
-    assert (settings.capacity.enabled, settings.capacity.interval_seconds) == (False, 4.0)
-    assert cli.settings_from_args(cli.build_parser().parse_args(["serve"])).gpu_status is None
+    settings = cli.settings_from_args(args).controllers
+    assert (settings["preemptor"], settings["nudge"]) == (False, False)
+    assert settings["gpustatus"] is not None and settings["gpustatus"].interval == 2.0
+    assert (settings["defrag"].enabled, settings["defrag"].replacement_timeout) == (False, 30.0)
+    assert settings["expansion"].expansion.delay_seconds == 3.0
+    assert settings["expansion"].autoscaler.provisioner.value == "karpenter"
+    assert (settings["capacity"].enabled, settings["capacity"].interval_seconds) == (False, 4.0)
+    assert cli.settings_from_args(cli.build_parser().parse_args(["serve"])).controllers["gpustatus"] is None

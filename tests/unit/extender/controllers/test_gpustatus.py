@@ -258,9 +258,9 @@ def test_the_writer_runs_only_with_write_gpu_status():
     assert cli.build_parser().parse_args(["serve"]).write_gpu_status is False
     api = client.ApiClient()
     try:
-        assert ExtenderService(api, Settings()).status_writer is None
-        service = ExtenderService(api, Settings(gpu_status=StatusSettings(interval=0.5)))
-        assert service.status_writer is not None and service.status_writer.settings.interval == 0.5
+        assert "gpustatus" not in ExtenderService(api, Settings()).parts
+        service = ExtenderService(api, Settings(controllers={"gpustatus": StatusSettings(interval=0.5)}))
+        assert service.parts["gpustatus"].settings.interval == 0.5
     finally:
         api.close()
 

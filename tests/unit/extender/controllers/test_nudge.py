@@ -9,6 +9,7 @@ import pytest
 
 from extender.common.labels import NUDGE_ANNOTATION
 from extender.controllers.nudge import Nudges, SchedulerNudger
+from extender.controllers.runner import Runner
 from extender.kube.client import ApiException
 from extender.scheduling.state import ClusterState, FilterOutcome, Kind
 from tests.unit.fixtures.scheduling import bound, gpu, make, pod
@@ -95,7 +96,7 @@ def test_only_a_pod_turned_away_from_every_candidate_counts(outcome: FilterOutco
         raise AssertionError("not in this test")
 
     nudger = SchedulerNudger(patch, Nudges(clock=Clock()))
-    nudger.observe({}, outcome)
+    nudger.after_filter({}, outcome)
     assert nudger.nudges.gained(["n1"]) is counts
 
 
@@ -111,9 +112,9 @@ async def test_the_task_patches_the_annotation_and_reports_each_outcome() -> Non
         sent.append((node, body))
 
     nudger = SchedulerNudger(patch, Nudges(), on_nudge=lambda node, outcome: outcomes.append((node, outcome)))
-    task = asyncio.create_task(nudger.run())
+    task = asyncio.create_task(Runner().run(nudger.controller))
     try:
-        nudger.observe({}, FilterOutcome([], {"a": "full"}, {}, None, True))
+        nudger.after_filter({}, FilterOutcome([], {"a": "full"}, {}, None, True))
         nudger.gained(["a", "gone", "broken"])
         for _ in range(100):
             if len(outcomes) == 3:

@@ -57,14 +57,14 @@ async def test_a_failed_delete_may_be_retried() -> None:
 def test_only_pods_that_fit_nowhere_but_could_after_eviction_are_queued() -> None:
     _, _, _, preemptor = world()
     vip = prioritised("vip", "u-vip", 1000)
-    preemptor.consider(vip, FilterOutcome(["n1"], {}, {}, None, False))
-    preemptor.consider(vip, FilterOutcome([], {}, {"n1": "no GPUs"}, None, False))
+    preemptor.after_filter(vip, FilterOutcome(["n1"], {}, {}, None, False))
+    preemptor.after_filter(vip, FilterOutcome([], {}, {"n1": "no GPUs"}, None, False))
     never = prioritised("never", "u-n", 1000)
     never["spec"]["preemptionPolicy"] = "Never"
-    preemptor.consider(never, FilterOutcome([], {"n1": "busy"}, {}, None, True))
-    assert not preemptor._pending
-    preemptor.consider(vip, FilterOutcome([], {"n1": "busy"}, {}, None, True))
-    assert list(preemptor._pending) == ["ml/vip"]
+    preemptor.after_filter(never, FilterOutcome([], {"n1": "busy"}, {}, None, True))
+    assert not preemptor.queue
+    preemptor.after_filter(vip, FilterOutcome([], {"n1": "busy"}, {}, None, True))
+    assert list(preemptor.queue) == ["ml/vip"]
 
 
 async def test_no_further_victims_while_the_first_ones_are_still_terminating() -> None:
@@ -88,10 +88,10 @@ async def test_no_further_victims_while_the_first_ones_are_still_terminating() -
     terminating["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     state.apply(Kind.POD, "MODIFIED", terminating)
     assert await preemptor.preempt_for(vip) == []  # a retry while "b" terminates
-    assert preemptor.filter_gate(vip) == "waiting for preempted GPU pods ml/b to terminate"
+    assert preemptor.hold_back(vip) == "waiting for preempted GPU pods ml/b to terminate"
     state.apply(Kind.POD, "DELETED", terminating)
     assert await preemptor.preempt_for(vip) == []  # now it fits: nothing more to delete
-    assert preemptor.filter_gate(vip) is None
+    assert preemptor.hold_back(vip) is None
     assert api.calls == [("evict", ("a", "u-a")), ("evict", ("b", "u-b"))]
 
 

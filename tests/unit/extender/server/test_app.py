@@ -14,6 +14,7 @@ from extender.controllers.preemptor import Preemptor
 from extender.scheduling.state import ClusterState, Kind
 from extender.server.app import Handlers, create_app
 from extender.server.binder import Binder
+from extender.server.hooks import FilterHooks
 from extender.server.metrics import Metrics
 from tests.unit.fixtures.fakes import POOL, Events, FakeApi, Pods, gpu
 
@@ -64,7 +65,7 @@ class World:
         self.binder = Binder(self.state, self.pods, self.api, self.events, self.metrics, settle_grace=3600)
         self.preemptor = Preemptor(self.state, self.api, self.events, self.metrics)
         self.handlers = Handlers(self.state, self.binder, self.metrics, unsynced=lambda: self.unsynced,
-                                 observers=[self.preemptor.consider], gate=self.preemptor.filter_gate,
+                                 hooks=FilterHooks([self.preemptor]),
                                  deadline=0.5, bind_deadline=0.5)
 
     def add_pod(self, pod: dict[str, Any]) -> None:
@@ -192,7 +193,7 @@ async def test_filter_with_no_fit_queues_gpu_preemption(http: Any, world: World)
     world.add_pod(wire_pod("low", "u-low", tflops="90", priority=1, node="n1", gpu_ids="g1"))
     vip = wire_pod("vip", "u-vip", tflops="50", priority=1000)
     await post(http, "filter", {"Pod": vip, "NodeNames": ["n1"]})
-    assert list(world.preemptor._pending) == ["ml/vip"]
+    assert list(world.preemptor.queue) == ["ml/vip"]
 
 
 

@@ -36,6 +36,7 @@ from extender.scheduling.state import ClusterState, Kind
 from extender.server.app import Handlers
 from extender.server.app import create_app as extender_app
 from extender.server.binder import Binder
+from extender.server.hooks import FilterHooks
 from extender.server.metrics import Metrics
 from tests.unit.fixtures.fakes import POOL, Events, FakeApi, Pods, gpu
 from tests.unit.fixtures.webhook import view
@@ -250,8 +251,8 @@ def servers() -> Iterator[dict[str, int]]:
     metrics = Metrics()
     binder = Binder(state, pods, api, events, metrics, settle_grace=3600)
     preemptor = Preemptor(state, api, events, metrics)
-    handlers = Handlers(state, binder, metrics, unsynced=lambda: [], observers=[preemptor.consider],
-                        gate=preemptor.filter_gate, deadline=2.0)
+    handlers = Handlers(state, binder, metrics, unsynced=lambda: [], hooks=FilterHooks([preemptor]),
+                        deadline=2.0)
 
     async def static_view(_pod: KubeObject, _namespace: str) -> ClusterView:
         return view()
