@@ -1,4 +1,4 @@
-"""The autoscaling loop on the live ClusterState with fakes at its API boundary: one TensorFusionWorkload
+"""The workload autoscaler on the live ClusterState with fakes at its API boundary: one TensorFusionWorkload
 per workload, the recommendation applied through the ledger, a refused scale-up warned once (TensorFusion
 warns every tick), bad fields in the condition, and a restart that starts from the stored status."""
 
