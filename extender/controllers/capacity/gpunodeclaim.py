@@ -38,6 +38,8 @@ from extender.planning.offerings import OFFERING_KEYS, Offering
 from extender.planning.pool import PoolConfig
 
 _MIB = 1 << 20
+# The phases of a GPUNodeClaim (status.phase): created, its instance asked for, its Node registered.
+PENDING, CREATING, BOUND = "Pending", "Creating", "Bound"
 
 
 def label_value(text: str) -> str:
@@ -130,7 +132,7 @@ def nodeclaim_body(config: PoolConfig, offer: Offering, name: str, owner_uid: st
 
 
 def claim_phase(gpunodeclaim: Mapping[str, Any]) -> str:
-    return str((gpunodeclaim.get("status") or {}).get("phase") or "Pending")
+    return str((gpunodeclaim.get("status") or {}).get("phase") or PENDING)
 
 
 # The kind of nodeClassRef on the GPUNodeClaims of Provisioned-mode pools (VMs through the cloud's API).

@@ -23,6 +23,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 
 from extender.controllers.capacity.gpunodeclaim import (
+    BOUND,
+    CREATING,
+    PENDING,
     claim_name,
     claim_phase,
     gpunodeclaim_body,
@@ -41,7 +44,6 @@ from extender.scheduling.inventory import object_name
 
 log = logging.getLogger(__name__)
 
-PENDING, CREATING, BOUND = "Pending", "Creating", "Bound"
 # After a failed create, a pool's launches wait this long, so a rejected NodeClaim is not retried in a loop.
 FAILURE_BACKOFF_SECONDS = 60.0
 SKIP_LOG_SECONDS = 60.0

@@ -1,6 +1,6 @@
 """The capacity controllers' view of the cluster through the API server, and their writes.
 
-``LiveView`` adds watch caches of GPUNodeClaims and NodeClaims to the extender's own caches (Nodes,
+``LiveView`` reads the caches of GPUNodeClaims and NodeClaims beside the extender's own caches (Nodes,
 GPUPools, GPU pods, the inventory) and builds the planners' ``Inputs`` from them, so that the live
 controllers run exactly the code ``tf-extender plan`` runs. ``KubePort`` does the writes and events.
 """
@@ -19,15 +19,7 @@ from kubernetes import client
 from extender.controllers.capacity.config import CapacityConfig
 from extender.kube.client import api_call, error_message, get_or_none, not_found, request_json
 from extender.kube.events import EventRecorder
-from extender.kube.informer import WatchCache
-from extender.kube.resources import (
-    GPU_NODE_CLAIMS,
-    GPU_POOLS,
-    NODECLAIMS,
-    Resource,
-    collection_path,
-    object_path,
-)
+from extender.kube.resources import GPU_POOLS, Resource, collection_path, object_path
 from extender.planning.amounts import CapacityError
 from extender.planning.catalog import CONFIGMAP_KEY, DEFAULT_CATALOG, Catalog, parse_catalog
 from extender.planning.inputs import Inputs
@@ -46,6 +38,16 @@ class ObjectStore(Protocol):
     def get(self, name: str, namespace: str | None = None) -> dict[str, Any] | None: ...
 
     def list(self) -> list[dict[str, Any]]: ...
+
+
+class WatchedStore(ObjectStore, Protocol):
+    """A watch cache: read, synced once its first list is in, and telling ``subscribe``'s listeners of every
+    change."""
+
+    @property
+    def synced(self) -> asyncio.Event: ...
+
+    def subscribe(self, listener: Callable[[str, dict[str, Any]], None]) -> None: ...
 
 
 class KubePort:
@@ -89,9 +91,12 @@ def node_ref(name: str, node: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 class LiveView:
-    def __init__(self, config: CapacityConfig, api_client: client.ApiClient, state: ClusterState, *,
-                 nodes: ObjectStore, pools: ObjectStore, pods: ObjectStore, port: KubePort,
-                 on_change: Callable[[], None] | None = None, nodeclaims: WatchCache | None = None,
+    """What the planners read: the extender's caches (Nodes, GPUPools, GPU pods, the inventory) and the
+    capacity package's (GPUNodeClaims, NodeClaims, GPUNodes), plus what the controllers remember between
+    passes (nodes released, claims created but not cached yet)."""
+
+    def __init__(self, config: CapacityConfig, state: ClusterState, *, nodes: ObjectStore, pools: ObjectStore,
+                 pods: ObjectStore, gpunodeclaims: WatchedStore, nodeclaims: WatchedStore, port: KubePort,
                  gpunodes: ObjectStore | None = None) -> None:
         self.config = config
         self.gpunodes = gpunodes  # the process's GPUNode cache, when GPUNodes are watched
@@ -100,13 +105,8 @@ class LiveView:
         self.pools = pools
         self.pods = pods
         self.port = port
-        self._on_change = on_change
-        self.gpunodeclaims = WatchCache(api_client, GPU_NODE_CLAIMS, optional=True, on_change=self._changed,
-                                        name="gpunodeclaims")
-        # NodeClaims: the process's one cache when given (the expander reads it too), else one of its own.
-        self._own_nodeclaims = nodeclaims is None
-        self.nodeclaims = nodeclaims or WatchCache(api_client, NODECLAIMS, optional=True, name="nodeclaims")
-        self.nodeclaims.subscribe(self._changed)
+        self.gpunodeclaims = gpunodeclaims
+        self.nodeclaims = nodeclaims  # the process's one NodeClaim cache (node expansion reads it too)
         self._file_catalog: Catalog | None = None
         self._catalog = DEFAULT_CATALOG
         self._catalog_error = ""
@@ -116,24 +116,6 @@ class LiveView:
         # An entry the cache never shows (the claim was deleted at once) is dropped after a minute.
         self.created: dict[str, dict[str, Any]] = {}
         self._created_at: dict[str, float] = {}
-
-    def set_on_change(self, on_change: Callable[[], None]) -> None:
-        self._on_change = on_change
-
-    def _changed(self, event_type: str, obj: dict[str, Any]) -> None:
-        if self._on_change is not None:
-            self._on_change()
-
-    @property
-    def caches(self) -> tuple[WatchCache, ...]:
-        """The caches the planners read besides the service's core ones."""
-        return (self.gpunodeclaims, self.nodeclaims)
-
-    @property
-    def owned_caches(self) -> tuple[WatchCache, ...]:
-        """The caches the capacity controllers run themselves (the shared NodeClaims run with the
-        service's)."""
-        return (self.gpunodeclaims, self.nodeclaims) if self._own_nodeclaims else (self.gpunodeclaims,)
 
     async def catalog(self) -> Catalog:
         """The built-in catalog, extended by the file (read once) and the ConfigMap (read each time).
@@ -234,7 +216,3 @@ async def write_condition(port: KubePort, pool: Mapping[str, Any], name: str,
             *others, {**wanted, "lastTransitionTime": stamp}]}}, subresource="status")
     except Exception as exc:
         log.warning("pool condition not written", extra={"pool": name, "error": error_message(exc)})
-
-
-async def run_caches(caches: Sequence[WatchCache]) -> list[asyncio.Task[None]]:
-    return [asyncio.create_task(c.run(), name=f"capacity-{c.name}") for c in caches]
