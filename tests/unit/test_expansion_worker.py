@@ -93,12 +93,6 @@ class FakePort:
         self.created.append(created)
         return created
 
-    async def start(self) -> None:
-        return None
-
-    async def stop(self) -> None:
-        return None
-
     # the test plays the cluster
     def add_template(self, node: str = "n1", karpenter: bool = True) -> None:
         labels = {INSTANCE_TYPE: "p4d.24xlarge"}
@@ -144,14 +138,6 @@ class Clock:
         return self.now
 
 
-class Leader:
-    def __init__(self, is_leader: bool = True) -> None:
-        self.is_leader = is_leader
-
-    async def run(self) -> None:
-        return None
-
-
 @pytest.fixture
 def port() -> FakePort:
     p = FakePort()
@@ -159,18 +145,20 @@ def port() -> FakePort:
     return p
 
 
-def make(port: FakePort, leader: Leader | None = None, **config: Any) -> tuple[Expander, Clock]:
+def make(port: FakePort, **config: Any) -> tuple[Expander, Clock]:
     clock = Clock()
     settings = {"delay_seconds": 10.0, "claim_timeout_seconds": 300.0} | config
     ids = iter(f"e{i}" for i in range(1000))
-    expander = Expander(ExpansionConfig(**settings), port, leader=leader or Leader(), clock=clock,
-                        new_id=lambda: next(ids))
+    expander = Expander(ExpansionConfig(**settings), port, clock=clock, new_id=lambda: next(ids))
     return expander, clock
 
 
-async def later(expander: Expander, clock: Clock, seconds: float) -> None:
+async def later(expander: Expander, clock: Clock, seconds: float, *, leader: bool = True) -> float | None:
+    """Advance the clock and run one pass as the runner would: the every-replica reconcile, then (on the
+    leader) the leader-only one; the leader's requeue."""
     clock.now += seconds
-    await expander.tick()
+    await expander.reconcile_claims()
+    return await expander.reconcile_decisions() if leader else None
 
 
 def metric(expander: Expander, name: str, **labels: str) -> float:
@@ -345,12 +333,10 @@ async def test_a_failed_create_is_reported_and_retried_at_the_next_rejection(por
 
 
 async def test_only_the_lease_holder_creates_claims(port: FakePort) -> None:
-    leader = Leader(is_leader=False)
-    expander, clock = make(port, leader=leader)
+    expander, clock = make(port)
     expander.notice(port.add_pod("p"), CAPACITY_ONLY, ["n1"])
-    await later(expander, clock, 30)
+    await later(expander, clock, 30, leader=False)
     assert port.created == []
-    leader.is_leader = True
     await later(expander, clock, 1)
     assert len(port.created) == 1
 
@@ -398,8 +384,7 @@ def leveled(port: FakePort, refilter: Refilter | None = None) -> tuple[Expander,
     clock = Clock()
     ids = iter(f"e{i}" for i in range(1000))
     config = ExpansionConfig(delay_seconds=10.0, claim_timeout_seconds=300.0)
-    expander = Expander(config, port, leader=Leader(), clock=clock, new_id=lambda: next(ids),
-                        refilter=refilter)
+    expander = Expander(config, port, clock=clock, new_id=lambda: next(ids), refilter=refilter)
     return expander, clock
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from kubernetes.client.rest import ApiException
-from test_expansion_worker import CAPACITY_ONLY, Clock, FakePort, Leader, gpu
+from test_expansion_worker import CAPACITY_ONLY, Clock, FakePort, gpu, later
 
 from extender.common.contract import POOL_LABEL, parse_request
 from extender.common.labels import (
@@ -76,15 +76,10 @@ class CAPort(FakePort):
 
 def make(port: CAPort, provisioner: Provisioner = Provisioner.AUTO) -> tuple[Expander, Clock]:
     clock = Clock()
-    expander = Expander(ExpansionConfig(delay_seconds=10.0), port, leader=Leader(), clock=clock)
+    expander = Expander(ExpansionConfig(delay_seconds=10.0), port, clock=clock)
     expander.placeholders = Placeholders(AutoscalerConfig(provisioner=provisioner, namespace=NS), port,
                                          forget=expander.flagged.forget, clock=clock)
     return expander, clock
-
-
-async def later(expander: Expander, clock: Clock, seconds: float) -> None:
-    clock.now += seconds
-    await expander.tick()
 
 
 @pytest.fixture
