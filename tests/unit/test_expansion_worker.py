@@ -499,3 +499,56 @@ async def test_a_pending_pod_with_a_bad_request_is_dropped_quietly(
     await later(expander, clock, 6)
     assert not expander.pending and port.created == [] and port.events == []
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+async def test_a_follower_settles_claims_in_flight_but_creates_none(port: FakePort) -> None:
+    leader, clock = make(port)
+    leader.notice(port.add_pod("a", vram="20Gi"), CAPACITY_ONLY, ["n1"])
+    await later(leader, clock, 10)
+    (claim,) = port.created
+    follower, clock = make(port)
+    await later(follower, clock, 0, leader=False)  # its first pass adopts the claim
+    assert len(follower.inflight) == 1
+    follower.notice(port.add_pod("b", vram="80Gi"), CAPACITY_ONLY, ["n1"])
+    await later(follower, clock, 30, leader=False)
+    assert len(port.created) == 1 and follower.queued == 1  # flagged and queued, but only a leader decides
+    port.karpenter_delivers(claim["metadata"]["name"])
+    await later(follower, clock, 1, leader=False)
+    assert len(follower.inflight) == 0  # the claim's node arrived: settled on the follower too
+
+
+async def test_the_leader_pass_runs_again_when_the_next_pod_is_due(port: FakePort) -> None:
+    expander, clock = make(port)
+    assert await later(expander, clock, 0) == 1.0  # nothing due: the tick
+    expander.notice(port.add_pod("p"), CAPACITY_ONLY, ["n1"])
+    assert await later(expander, clock, 9.75) == pytest.approx(0.25)
+    await later(expander, clock, 0.25)
+    assert len(port.created) == 1
+
+
+async def test_on_the_runner_only_the_leader_creates_claims(port: FakePort) -> None:
+    import asyncio
+
+    from extender_fakes import eventually
+
+    from extender.common.tasks import cancel_and_wait
+    from extender.controllers.runner import Runner
+
+    class Lead:
+        is_leader = False
+
+    expander, _ = make(port, delay_seconds=0.0)
+    claims, decisions = expander.controllers
+    assert (claims.leader_only, decisions.leader_only) == (False, True)
+    lead = Lead()
+    runner = Runner(lead)
+    tasks = [asyncio.create_task(runner.run(c)) for c in expander.controllers]
+    try:
+        expander.notice(port.add_pod("p"), CAPACITY_ONLY, ["n1"])
+        await eventually(lambda: expander.queued == 1)
+        await asyncio.sleep(0.2)
+        assert port.created == []
+        lead.is_leader = True
+        await eventually(lambda: len(port.created) == 1)
+    finally:
+        await cancel_and_wait(tasks)
