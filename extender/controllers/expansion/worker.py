@@ -82,10 +82,12 @@ FAILURE_RETRY_SECONDS = 30.0  # a pod whose expansion failed is reconsidered aft
 
 
 class Expander(Intake):
-    """The expander's two reconciles over what its intake (``Intake``) keeps: ``claims`` on every replica
-    (the in-flight claims each replica's filter answers count on) and ``decisions`` on the leader only (the
-    NodeClaims and placeholders it creates). Both run at least every ``TICK_SECONDS``, the decisions sooner
-    when a queued pod is due, and both are woken by the port's caches (``wake``)."""
+    """The expander's two reconciles over what its intake (``Intake``) keeps: ``settling`` on every replica
+    (the in-flight claims, which each replica's decisions count on) and ``deciding`` on the leader only (the
+    NodeClaims and placeholders it creates; it settles first too, so it always decides on settled claims).
+    Both run at least every ``TICK_SECONDS``, the deciding one sooner when a queued pod is due, and both are
+    woken by the port's caches (``wake``); the first pass of either adopts the claims made before a
+    restart."""
 
     def __init__(self, config: ExpansionConfig, port: ExpansionPort, *,
                  request_of: RequestOf = parse_annotations, metrics: ExpansionMetrics | None = None,
@@ -115,10 +117,14 @@ class Expander(Intake):
         return min(TICK_SECONDS, max(0.0, self._due[0][0] - self._clock()))
 
     async def reconcile_claims(self, now: dt.datetime | None = None) -> float | None:
-        """Every replica: settle the in-flight claims (their pods get the arrival grace, or are flaggable
-        again), end the graces that ran out, and count Karpenter's own claims in flight."""
+        """Every replica: settle the in-flight claims."""
+        self._settle(self._clock())
+        return None
+
+    def _settle(self, at: float) -> None:
+        """Settle the in-flight claims (their pods get the arrival grace, or are flaggable again), end the
+        graces that ran out, and count Karpenter's own claims in flight. Idempotent at one time."""
         self._adopt_once()
-        at = self._clock()
         self._depart(self.inflight.settle(self.port.nodeclaim, self.port.node_arrived, at))
         for uid in [uid for uid, until in self._grace.items() if until <= at]:
             del self._grace[uid]
@@ -128,14 +134,13 @@ class Expander(Intake):
             else:
                 self._push(entry, at)  # rejected although its node had arrived: the node went elsewhere
         self.track_karpenter_claims()
-        return None
 
     async def reconcile_decisions(self, now: dt.datetime | None = None) -> float | None:
-        """The leader: warn of GPU-blind NodePools, reconsider the pending pods, decide the queued pods that
-        are due (a NodeClaim, a placeholder, a wait) and settle the placeholders; run again when the next
-        queued pod is due."""
-        self._adopt_once()
+        """The leader: settle the in-flight claims, warn of GPU-blind NodePools, reconsider the pending pods,
+        decide the queued pods that are due (a NodeClaim, a placeholder, a wait) and settle the placeholders;
+        run again when the next queued pod is due."""
         at = self._clock()
+        self._settle(at)
         self._check_nodepools(at)
         self.reconsider(at)
         while self._due and self._due[0][0] <= at:
