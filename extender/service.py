@@ -31,9 +31,8 @@ from kubernetes import client
 
 from extender.common.contract import COMPONENT_LABEL, COMPONENT_WORKER
 from extender.common.tasks import cancel_and_wait
-from extender.controllers import preemptor
+from extender.controllers import preemptor, registry
 from extender.controllers.leadership import DEFAULT_NAMESPACE, Leadership
-from extender.controllers import registry
 from extender.controllers.runner import Controller, ControllerMetrics, Runner, wait_synced
 from extender.controllers.wiring import ControllerPackage, CoreCaches, Deps
 from extender.kube import resources

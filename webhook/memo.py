@@ -14,7 +14,7 @@ The only per-pod part of a mutation is the pod index. Only the GPU containers' r
 the patch diff visits ``spec.containers`` once, so their operations are one contiguous run of the patch: an
 entry keeps the operations before and after that run, and each admission recomputes just the GPU
 containers' operations with its own index. The patch is therefore identical, operation for operation, to
-what ``mutate`` returns (tests/unit/test_webhook_memo.py checks it).
+what ``mutate`` returns (tests/unit/webhook/test_memo.py checks it).
 
 Not thread-safe: the server uses it from its event loop only.
 """

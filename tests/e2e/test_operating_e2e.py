@@ -167,7 +167,7 @@ def _live_names(page: str) -> set[str]:
 
 
 def test_alerts_and_dashboard_read_metrics_the_running_services_export(status_extender, webhook):
-    from unit.promql_names import PROMETHEUS_OWN, dashboard_queries, names_in, rules
+    from tests.harness.promql import PROMETHEUS_OWN, dashboard_queries, names_in, rules
 
     with urllib.request.urlopen(f"{status_extender.url}/metrics", timeout=5) as r:
         extender_page = r.read().decode()

@@ -1,0 +1,77 @@
+"""One Go-duration parser and one RFC 3339 parser, on exactly the inputs their former copies disagreed on.
+
+Durations had two copies: the pool settings' (planning/pool.py: h, m, s, ms; digits.digits; float seconds)
+and defrag's (controllers/defrag/config.py: Go's units and number forms; a timedelta). Timestamps had
+three: planning/pool.py's and kube/lease.py's (None when unreadable, naive read as UTC; only the first
+ignored surrounding spaces) and server/stranded.py's (any object through str(), a naive time kept naive, so
+comparing it with an aware "now" raised TypeError).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from extender.common.timefmt import parse_duration, parse_time
+
+UTC = dt.UTC
+
+
+@pytest.mark.parametrize(("text", "seconds", "pool_said", "defrag_said"), [
+    (".5h", 1800, "error", "1800 s"),
+    ("1.h", 3600, "error", "3600 s"),
+    ("1500us", 0.0015, "error", "0.0015 s"),
+    ("1500µs", 0.0015, "error", "0.0015 s"),
+    ("3000000ns", 0.003, "error", "0.003 s"),
+])
+def test_go_number_forms_and_units_are_durations(text: str, seconds: float, pool_said: str,
+                                                 defrag_said: str) -> None:
+    assert parse_duration(text).total_seconds() == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(("text", "both_said"), [
+    ("0", "error"),  # Go reads a bare 0; every duration here needs its unit
+    ("-1h", "error"),
+    ("+1h", "error"),
+    ("   ", "error"),
+])
+def test_a_duration_without_a_unit_or_with_a_sign_is_an_error(text: str, both_said: str) -> None:
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration(text)
+
+
+def test_zero_with_a_unit_is_a_duration() -> None:
+    assert parse_duration("0s") == dt.timedelta(0)
+
+
+@pytest.mark.parametrize(("value", "expected", "copies_said"), [
+    (" 2026-01-01T00:00:00Z ", dt.datetime(2026, 1, 1, tzinfo=UTC), "pool: this time; lease, stranded: None"),
+    ("2026-01-01T00:00:00", dt.datetime(2026, 1, 1, tzinfo=UTC), "stranded: a naive time (TypeError later)"),
+    (20260101, None, "stranded: str() of it, read as a naive 2026-01-01; pool and lease: None"),
+    ("", None, "stranded: None through ValueError; the others: None"),
+    ("yesterday", None, "all: None"),
+])
+def test_rfc3339_times(value: object, expected: dt.datetime | None, copies_said: str) -> None:
+    assert parse_time(value) == expected
+
+
+def test_an_offset_is_kept_and_compares_with_utc() -> None:
+    parsed = parse_time("2026-01-01T02:00:00+02:00")
+    assert parsed == dt.datetime(2026, 1, 1, tzinfo=UTC)
+    assert parsed is not None and parsed.utcoffset() == dt.timedelta(hours=2)
+
+
+# --- the forms every duration takes ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("5m", 300), ("1h30m", 5400), ("90s", 90), ("250ms", 0.25)])
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text).total_seconds() == seconds
+
+
+@pytest.mark.parametrize("text", ["", "5", "m5", "5 m", "5d"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(text)
+

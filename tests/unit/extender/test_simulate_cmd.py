@@ -1,0 +1,104 @@
+"""Simulator: places pods in order with the extender's code and reports what a user compares."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from extender.simulate_cmd import add_simulate_arguments, main_simulate, read_objects, simulate
+from tests.unit.fixtures.simulate import CLUSTER, PODS, pod
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        (None, [("b", ["b-0"]), ("b", ["b-1"]), ("a", ["a-0"])]),  # the pool's CompactFirst
+        ("CompactFirst", [("b", ["b-0"]), ("b", ["b-1"]), ("a", ["a-0"])]),
+        # a-0 at load 22 makes node a (mean 11) busier than b (mean 8): the second pod goes to b
+        ("LowLoadFirst", [("a", ["a-0"]), ("b", ["b-1"]), ("a", ["a-1"])]),
+        ("NodeCompactGPULowLoad", [("b", ["b-1"]), ("b", ["b-0"]), ("a", ["a-0"])]),
+    ],
+)
+def test_pods_are_placed_in_order_and_later_pods_see_earlier_ones(
+    mode: str | None, expected: list[tuple[str, list[str]]]
+) -> None:
+    results = simulate(CLUSTER, PODS, mode)
+    assert [(r["node"], r["gpus"]) for r in results[:3]] == expected
+    assert [r["pod"] for r in results] == ["ml/one", "ml/two", "ml/three", "ml/huge"]
+
+
+def test_unplaced_pod_has_a_reason_with_numbers() -> None:
+    huge = simulate(CLUSTER, PODS, None)[3]
+    assert huge == {
+        "pod": "ml/huge",
+        "node": None,
+        "gpus": [],
+        "reason": "0/2 nodes fit: 2 nodes: request 500 TFLOPS exceeds the largest GPU here (100 TFLOPS)",
+    }
+
+
+def test_invalid_pod_is_reported_not_raised() -> None:
+    bad = pod("bad", "lots")
+    [result] = simulate(CLUSTER, [bad], None)
+    assert result["node"] is None and "tensor-fusion.ai/tflops-request" in result["reason"]
+
+
+def test_read_objects_unpacks_lists() -> None:
+    text = (
+        yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [pod("x", "1")]})
+        + "---\n"
+        + yaml.safe_dump({"kind": "GPUList", "items": [{"metadata": {"name": "g"}}]})
+    )
+    assert [(o["kind"], o["metadata"]["name"]) for o in read_objects(text)] == [("Pod", "x"), ("GPU", "g")]
+
+
+def test_main_prints_one_json_line_per_pod_and_a_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, pods = tmp_path / "cluster.yaml", tmp_path / "pods.yaml"
+    cluster.write_text(yaml.safe_dump_all(CLUSTER))
+    pods.write_text(yaml.safe_dump({"kind": "PodList", "items": PODS[:2]}))
+    parser = argparse.ArgumentParser()
+    add_simulate_arguments(parser)
+    code = main_simulate(
+        parser.parse_args(["--cluster", str(cluster), "--pods", str(pods), "--mode", "LowLoadFirst"])
+    )
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert [json.loads(line) for line in out.splitlines()] == [
+        {"pod": "ml/one", "node": "a", "gpus": ["a-0"]},
+        {"pod": "ml/two", "node": "b", "gpus": ["b-1"]},
+    ]
+    assert "a: 1/2 GPUs used, TFLOPS 25.0%, VRAM 5.0%" in err
+    assert "b: 2/2 GPUs used, TFLOPS 40.0%, VRAM 10.0%" in err
+
+
+def test_main_reports_a_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = argparse.Namespace(
+        cluster=str(tmp_path / "nope.yaml"), pods=str(tmp_path / "nope.yaml"), mode=None
+    )
+    assert main_simulate(args) == 2
+    assert "nope.yaml" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("output", ["table", "yaml"])
+def test_main_prints_a_table_or_yaml_on_request(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                output: str) -> None:
+    cluster, pods = tmp_path / "cluster.yaml", tmp_path / "pods.yaml"
+    cluster.write_text(yaml.safe_dump_all(CLUSTER))
+    pods.write_text(yaml.safe_dump({"kind": "PodList", "items": PODS[:2]}))
+    parser = argparse.ArgumentParser()
+    add_simulate_arguments(parser)
+    assert main_simulate(parser.parse_args(["--cluster", str(cluster), "--pods", str(pods), "--mode",
+                                            "LowLoadFirst", "-o", output])) == 0
+    out = capsys.readouterr().out
+    if output == "yaml":
+        assert yaml.safe_load(out) == [{"pod": "ml/one", "node": "a", "gpus": ["a-0"]},
+                                       {"pod": "ml/two", "node": "b", "gpus": ["b-1"]}]
+    else:
+        assert out.splitlines() == ["POD     NODE  GPUS  REASON", "ml/one  a     a-0   -",
+                                    "ml/two  b     b-1   -"]
