@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from extender.common.options import duration
-from extender.controllers import LEADER_LEASE
 
 DEFAULT_DELAY_SECONDS = 10.0
 DEFAULT_MAX_IN_FLIGHT = 15
@@ -20,9 +19,8 @@ ENV_ENABLED = "TF_EXPANSION_ENABLED"
 ENV_DELAY = "TF_EXPANSION_DELAY_SECONDS"
 ENV_MAX_IN_FLIGHT = "TF_MAX_INFLIGHT_NODES"
 ENV_CLAIM_TIMEOUT = "TF_EXPANSION_CLAIM_TIMEOUT_SECONDS"
-ENV_NAMESPACE = "TF_EXPANSION_LEASE_NAMESPACE"
 ENV_SCHEDULER_NAME = "TF_EXPANSION_SCHEDULER_NAME"
-# The namespace a pod runs in, from the downward API; the lease defaults to it.
+# The namespace a pod runs in, from the downward API; the placeholders' namespace defaults to it.
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
 
 
@@ -32,7 +30,6 @@ class ExpansionConfig:
     delay_seconds: float = DEFAULT_DELAY_SECONDS
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     claim_timeout_seconds: float = DEFAULT_CLAIM_TIMEOUT_SECONDS
-    lease_namespace: str = DEFAULT_NAMESPACE
     scheduler_name: str = DEFAULT_SCHEDULER_NAME
 
     def __post_init__(self) -> None:
@@ -80,12 +77,6 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         help=f"give up waiting for a created claim's node after this long (env {ENV_CLAIM_TIMEOUT})",
     )
     group.add_argument(
-        "--expansion-lease-namespace", dest="expansion_lease_namespace", metavar="NAMESPACE",
-        default=env.get(ENV_NAMESPACE) or env.get(ENV_POD_NAMESPACE) or DEFAULT_NAMESPACE,
-        help=f"namespace of the Lease {LEADER_LEASE} that keeps one active set of controllers per cluster "
-             f"(env {ENV_NAMESPACE}, else {ENV_POD_NAMESPACE})",
-    )
-    group.add_argument(
         "--expansion-scheduler-name", dest="expansion_scheduler_name", metavar="NAME",
         default=env.get(ENV_SCHEDULER_NAME) or DEFAULT_SCHEDULER_NAME,
         help="the scheduler profile whose Unschedulable pods with no candidate node at all may grow a GPU "
@@ -99,6 +90,5 @@ def from_args(args: argparse.Namespace) -> ExpansionConfig:
         delay_seconds=float(args.expansion_delay),
         max_in_flight=int(args.max_inflight_nodes),
         claim_timeout_seconds=float(args.expansion_claim_timeout),
-        lease_namespace=str(args.expansion_lease_namespace),
         scheduler_name=str(getattr(args, "expansion_scheduler_name", DEFAULT_SCHEDULER_NAME)),
     )

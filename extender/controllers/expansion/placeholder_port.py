@@ -1,17 +1,14 @@
-"""The placeholder pods' I/O: a watch cache of the placeholders, the GPU pods they stand for (the
+"""The placeholder pods' I/O: the cache of the placeholders, the GPU pods they stand for (the
 extender's own pod cache), pod create and delete, and the PriorityClass that owns them."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubernetes import client
 
 from extender.common.labels import PLACEHOLDER_LABEL
-from extender.common.tasks import cancel_and_wait
 from extender.controllers.expansion.placeholders import Placeholders
 from extender.controllers.expansion.port import KubeExpansionPort
 from extender.controllers.expansion.provisioner import AutoscalerConfig
@@ -20,6 +17,8 @@ from extender.kube.client import api_call, not_found, request_json
 from extender.kube.informer import WatchCache
 from extender.kube.resources import PODS, PRIORITY_CLASSES, collection_path, object_path
 from extender.scheduling.inventory import GPUDevice
+
+PLACEHOLDER_SELECTOR = f"{PLACEHOLDER_LABEL}=true"
 
 
 class KubePodWriter:
@@ -45,27 +44,17 @@ class KubePodWriter:
 
 
 class KubePlaceholderPort(KubePodWriter):
+    """The placeholders' I/O; ``cache`` holds the placeholder pods (``PLACEHOLDER_SELECTOR`` in the
+    placeholders' namespace)."""
+
     def __init__(self, api_client: client.ApiClient, expansion: KubeExpansionPort, gpu_pods: WatchCache,
-                 config: AutoscalerConfig) -> None:
+                 config: AutoscalerConfig, cache: WatchCache) -> None:
         super().__init__(api_client)
         self._expansion = expansion
         self._gpu_pods = gpu_pods
         self._priority_class = config.placeholder_priority_class
         self._owner: dict[str, Any] | None = None
-        self.cache = WatchCache(api_client, PODS, namespace=config.namespace,
-                                label_selector=f"{PLACEHOLDER_LABEL}=true", name="placeholders")
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self, sync_timeout: float = 60.0) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self.cache.run(), name="placeholders-watch")
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.cache.synced.wait(), sync_timeout)
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait([self._task])
-        self._task = None
+        self.cache = cache
 
     def node(self, name: str) -> Mapping[str, Any] | None:
         return self._expansion.node(name)
@@ -101,11 +90,13 @@ class KubePlaceholderPort(KubePodWriter):
 
 
 def attach_placeholders(expander: Expander, config: AutoscalerConfig, api_client: client.ApiClient,
-                        gpu_pods: WatchCache) -> Placeholders:
-    """Give the expander its Cluster Autoscaler side (it decides per pool whether to use it)."""
+                        gpu_pods: WatchCache, cache: WatchCache) -> Placeholders:
+    """Give the expander its Cluster Autoscaler side (it decides per pool whether to use it); ``cache``:
+    the placeholder pods."""
     if not isinstance(expander.port, KubeExpansionPort):
         raise TypeError("placeholders need the API server's expansion port")
-    port = KubePlaceholderPort(api_client, expander.port, gpu_pods, config)
-    expander.placeholders = Placeholders(config, port, forget=expander.flagged.forget,
-                                         registry=expander.metrics.registry)
-    return expander.placeholders
+    port = KubePlaceholderPort(api_client, expander.port, gpu_pods, config, cache)
+    placeholders = Placeholders(config, port, forget=expander.flagged.forget,
+                                registry=expander.metrics.registry)
+    expander.use_placeholders(placeholders, cache)
+    return placeholders

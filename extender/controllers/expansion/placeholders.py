@@ -67,10 +67,6 @@ class PlaceholderPort(Protocol):
 
     async def delete_pod(self, namespace: str, name: str, uid: str) -> None: ...
 
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
 
 @dataclass
 class Coming:
@@ -113,7 +109,7 @@ def _owner_of(placeholder: Mapping[str, Any]) -> PodRef | None:
 
 
 class Placeholders:
-    """Creates, tracks and deletes placeholder pods. Runs on the expander's loop (leader only)."""
+    """Creates, tracks and deletes placeholder pods, in the expander's deciding reconcile (leader only)."""
 
     def __init__(self, config: AutoscalerConfig, port: PlaceholderPort,
                  forget: Callable[[str], None] = lambda uid: None,
@@ -134,12 +130,6 @@ class Placeholders:
 
     def __len__(self) -> int:
         return len(self._coming)
-
-    async def start(self) -> None:
-        await self.port.start()
-
-    async def stop(self) -> None:
-        await self.port.stop()
 
     def provisioner(self, gpupool: Mapping[str, Any] | None) -> Provisioner:
         return pool_provisioner(gpupool, self.config.provisioner)

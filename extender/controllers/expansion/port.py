@@ -1,11 +1,9 @@
-"""The expander's view of the cluster through the API server: watch caches of NodeClaims and NodePools,
-the extender's own caches of Nodes, GPUPools and GPU pods, the pod re-read, the NodeClaim create, and
+"""The expander's view of the cluster through the API server: the caches of NodeClaims, NodePools, Nodes,
+GPUPools and GPU pods (all from the process's one cache factory), the pod re-read, the NodeClaim create, and
 events."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -14,23 +12,15 @@ from typing import Any
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
-from extender.common.tasks import cancel_and_wait
 from extender.controllers.expansion.config import ExpansionConfig
 from extender.controllers.expansion.fit import device_of
 from extender.controllers.expansion.karpenter import node_usable
 from extender.controllers.expansion.metrics import ExpansionMetrics
-from extender.controllers.expansion.worker import Expander, RunnableLeader
+from extender.controllers.expansion.worker import Expander
 from extender.kube.client import api_call, get_or_none, request_json
 from extender.kube.events import EventRecorder
 from extender.kube.informer import ADDED, DELETED, WatchCache
-from extender.kube.resources import (
-    EVENTS,
-    NODECLAIMS,
-    NODEPOOLS,
-    PODS,
-    collection_path,
-    object_path,
-)
+from extender.kube.resources import EVENTS, NODECLAIMS, PODS, collection_path, object_path
 from extender.scheduling.inventory import GPUDevice
 from extender.scheduling.state import ClusterState, GPUView
 
@@ -39,71 +29,50 @@ NodeGPUs = Callable[[str], Sequence[GPUView | GPUDevice]]
 
 
 @dataclass(frozen=True)
-class SharedCaches:
-    """The extender's caches the expander reads too: ``gpu_pods`` holds the pods labelled as GPU workers;
-    ``nodeclaims``, when the capacity controllers read NodeClaims as well, the process's one NodeClaim
-    cache (else the expander watches them itself)."""
+class ExpansionCaches:
+    """The caches the expander reads: ``gpu_pods`` holds the pods labelled as GPU workers; ``nodeclaims`` is
+    the process's one NodeClaim cache (the capacity controllers read it too)."""
 
     nodes: WatchCache
     gpupools: WatchCache
     gpu_pods: WatchCache
-    nodeclaims: WatchCache | None = None
+    nodeclaims: WatchCache
+    nodepools: WatchCache
+
+    @property
+    def all(self) -> tuple[WatchCache, ...]:
+        return self.nodes, self.gpupools, self.gpu_pods, self.nodeclaims, self.nodepools
 
 
 class KubeExpansionPort:
-    """The expander's view of the API server. Nodes, GPU pools and GPU pods come from the extender's own
-    caches (``shared``: one watch per resource for the whole process); NodeClaims and NodePools from
-    caches of its own."""
+    """The expander's view of the API server, through caches the process shares."""
 
     def __init__(self, api_client: client.ApiClient, node_gpus: NodeGPUs, recorder: EventRecorder,
-                 shared: SharedCaches, on_change: Callable[[], None] | None = None) -> None:
+                 caches: ExpansionCaches, on_change: Callable[[], None] | None = None) -> None:
         self.api_client = api_client
         self._node_gpus = node_gpus
         self._recorder = recorder
         self._on_change = on_change
         self._by_provider: dict[str, str] = {}
-        self.claims = shared.nodeclaims or WatchCache(api_client, NODECLAIMS, optional=True)
+        self.claims = caches.nodeclaims
         self.claims.subscribe(self._changed)
-        self.nodepools = WatchCache(api_client, NODEPOOLS, optional=True)
+        self.nodepools = caches.nodepools
         self.nodepools.subscribe(self._changed)
-        self.nodes = shared.nodes
-        self.gpupools = shared.gpupools
+        self.nodes = caches.nodes
+        self.gpupools = caches.gpupools
         self.gpupools.subscribe(self._changed)
-        self.gpu_pods = shared.gpu_pods
+        self.gpu_pods = caches.gpu_pods
         self._node_added_at: float | None = None
-        self._shared: tuple[WatchCache, ...] = (shared.nodes, shared.gpupools, shared.gpu_pods)
-        self._owned: tuple[WatchCache, ...] = (self.nodepools,)
-        if shared.nodeclaims is None:
-            self._owned = (self.claims, self.nodepools)
-        else:
-            self._shared += (shared.nodeclaims,)
         self.nodes.subscribe(self._node_changed)
         # Pending GPU pods the scheduler never sent to the extender (Expander.pod_changed picks them out).
-        shared.gpu_pods.subscribe(self._pod_changed)
+        self.gpu_pods.subscribe(self._pod_changed)
         self._on_pod: Callable[[dict[str, Any]], None] | None = None
-        self._tasks: list[asyncio.Task[None]] = []
 
     def set_on_change(self, on_change: Callable[[], None]) -> None:
         self._on_change = on_change
 
     def set_on_pod(self, on_pod: Callable[[dict[str, Any]], None]) -> None:
         self._on_pod = on_pod
-
-    @property
-    def caches(self) -> tuple[WatchCache, ...]:
-        """The caches this port runs (the shared ones run with the extender's)."""
-        return self._owned
-
-    async def start(self, sync_timeout: float = 60.0) -> None:
-        if not self._tasks:
-            self._tasks = [asyncio.create_task(c.run(), name=f"expander-{c.name}") for c in self.caches]
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*(c.synced.wait() for c in (*self.caches, *self._shared))),
-                                   sync_timeout)
-
-    async def stop(self) -> None:
-        await cancel_and_wait(self._tasks)
-        self._tasks = []
 
     # -- cached reads -----------------------------------------------------------------------------
 
@@ -187,13 +156,14 @@ class KubeExpansionPort:
 
 
 def kube_expander(config: ExpansionConfig, api_client: client.ApiClient, state: ClusterState,
-                  recorder: EventRecorder, shared: SharedCaches, registry: CollectorRegistry | None = None, *,
-                  leader: RunnableLeader) -> Expander:
-    """The expander wired to the API server: the shared caches, inventory and recorder, its own
-    NodePool cache, the process's leader."""
-    port = KubeExpansionPort(api_client, state.node_gpus, recorder, shared)
-    expander = Expander(config, port, leader=leader, request_of=state.request_of,
-                        metrics=ExpansionMetrics(registry), refilter=state.filter)
+                  recorder: EventRecorder, caches: ExpansionCaches, registry: CollectorRegistry | None = None,
+                  *, wait_for: Sequence[WatchCache] = ()) -> Expander:
+    """The expander wired to the API server: the caches, inventory and recorder; its reconciles wait for
+    ``caches`` and ``wait_for`` (the caches that feed ``state``) to sync."""
+    port = KubeExpansionPort(api_client, state.node_gpus, recorder, caches)
+    waited = tuple(dict.fromkeys((*wait_for, *caches.all)))
+    expander = Expander(config, port, request_of=state.request_of, metrics=ExpansionMetrics(registry),
+                        refilter=state.filter, caches=waited)
     port.set_on_change(expander.wake)
     port.set_on_pod(expander.pod_changed)
     return expander

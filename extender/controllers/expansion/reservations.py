@@ -13,11 +13,10 @@ ones and creating missing ones, once the extender's caches have synced.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import datetime as dt
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,12 +24,11 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry, Gauge
 
 from extender.common.labels import RESERVATION_LABEL, RESERVED_GPU
-from extender.common.tasks import cancel_and_wait
 from extender.controllers.expansion.placeholder_pods import advertised_gpus, reservation_body
 from extender.controllers.expansion.placeholder_port import KubePodWriter
 from extender.controllers.expansion.provisioner import AutoscalerConfig
+from extender.controllers.runner import Reconciler, Synced
 from extender.kube.informer import WatchCache
-from extender.kube.resources import PODS
 from extender.scheduling.state import ClusterState
 
 log = logging.getLogger(__name__)
@@ -40,6 +38,8 @@ POLL_SECONDS = 0.5
 # A reservation pod the node refused (phase Failed, e.g. the kubelet found no free nvidia.com/gpu) is
 # replaced at most this often.
 RETRY_FAILED_SECONDS = 30.0
+
+RESERVATION_SELECTOR = f"{RESERVATION_LABEL}=true"
 
 NodeLookup = Callable[[str], Mapping[str, Any] | None]
 
@@ -97,21 +97,30 @@ def plan(want: Mapping[str, str], existing: Sequence[Mapping[str, Any]],
 
 
 class ReservationKeeper:
+    """Keeps the reservation pods (``cache``: the pods labelled ``RESERVATION_SELECTOR`` in the configured
+    namespace) equal to the ledger's shared GPUs, on every replica (``controller``). Its reconcile waits for
+    ``caches`` (the ones that feed the ledger, and its own): acting on a half-synced ledger would delete live
+    pods. It reconciles when the ledger's version moved (looked at every ``POLL_SECONDS``), when a
+    reservation pod or a node's advertised ``nvidia.com/gpu`` changes, and at least every
+    ``RESYNC_SECONDS``."""
+
     def __init__(self, config: AutoscalerConfig, api_client: client.ApiClient, state: ClusterState,
-                 nodes: WatchCache, ready: Callable[[], Awaitable[None]],
+                 nodes: WatchCache, cache: WatchCache, caches: Sequence[Synced] = (),
                  registry: CollectorRegistry | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.state = state
         self.nodes = nodes
-        self.ready = ready
         self.writer = KubePodWriter(api_client)
-        self.cache = WatchCache(api_client, PODS, namespace=config.namespace,
-                                label_selector=f"{RESERVATION_LABEL}=true", name="gpu-reservations",
-                                on_change=lambda event, obj: self._wake.set())
+        self.cache = cache
         self._clock = clock
         self._failed_at: dict[str, float] = {}
-        self._wake = asyncio.Event()
+        self.controller = Reconciler("gpu-reservations", self.reconcile_if_changed, interval=POLL_SECONDS,
+                                     caches=tuple(dict.fromkeys((*caches, cache))), settle=0.0)
+        self._woken = False
+        self._seen_version = -1
+        self._next_resync = 0.0
+        cache.subscribe(self._wake)
         # Node -> the nvidia.com/gpu it advertises, to wake on a change of it (bounded by the nodes: a
         # deleted node's entry goes with it).
         self._advertised: dict[str, int] = {}
@@ -119,6 +128,10 @@ class ReservationKeeper:
         self.gauge = Gauge("tf_extender_gpu_reservation_pods",
                            "GPU reservation pods (nvidia.com/gpu: 1 per shared GPU) in the cluster",
                            registry=registry)
+
+    def _wake(self, *_: Any) -> None:
+        self._woken = True
+        self.controller.wake()
 
     def _node_changed(self, event_type: str, node: Mapping[str, Any]) -> None:
         """Reconcile at once when a node's advertised ``nvidia.com/gpu`` changes: a new node's allocatable
@@ -133,38 +146,22 @@ class ReservationKeeper:
             changed = self._advertised.get(name) != count
             self._advertised[name] = count
         if changed:
-            self._wake.set()
+            self._wake()
 
     def _failed_recently(self, gpu: str) -> bool:
         at = self._failed_at.get(gpu)
         return at is not None and self._clock() - at < RETRY_FAILED_SECONDS
 
-    async def run(self) -> None:
-        watch = asyncio.create_task(self.cache.run(), name="watch-gpu-reservations")
-        try:
-            # The wanted set comes from the ledger: acting on a half-synced one would delete live pods.
-            await self.ready()
-            await self.cache.synced.wait()
-            seen_version = -1
-            next_resync = 0.0
-            while True:
-                now = self._clock()
-                if self.state.version != seen_version or self._wake.is_set() or now >= next_resync:
-                    self._wake.clear()
-                    seen_version = self.state.version
-                    next_resync = now + RESYNC_SECONDS
-                    try:
-                        await self.reconcile()
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception:
-                        log.exception("reconciling GPU reservation pods failed")
-                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation (shutdown hangs)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(POLL_SECONDS):
-                        await self._wake.wait()
-        finally:
-            await cancel_and_wait([watch])
+    async def reconcile_if_changed(self, now: dt.datetime | None = None) -> float | None:
+        """One pass of the runner: ``reconcile`` when the ledger moved, something woke the keeper or the
+        resync is due; the ledger is looked at again in ``POLL_SECONDS``."""
+        at = self._clock()
+        if self.state.version != self._seen_version or self._woken or at >= self._next_resync:
+            self._woken = False
+            self._seen_version = self.state.version
+            self._next_resync = at + RESYNC_SECONDS
+            await self.reconcile()
+        return POLL_SECONDS
 
     async def reconcile(self) -> ReservationPlan:
         want = wanted(self.state.held_gpus(), self.nodes.get)

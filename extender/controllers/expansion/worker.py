@@ -1,10 +1,11 @@
-"""The expander: takes capacity-only failures from the filter and creates Karpenter NodeClaims for them,
-off the request path. Decisions are in ``decide``; the cluster is behind ``ExpansionPort``.
+"""The expander's reconciles: capacity-only failures the intake (``intake``) kept become Karpenter NodeClaims
+or placeholder pods, off the request path. Decisions are in ``decide``; the cluster is behind
+``ExpansionPort``.
 
 Level-triggered, as Karpenter's provisioner is: a filter rejection (or the pod watch) is only the fast path.
 Every pending GPU pod the filter turned away, or that no node passed the scheduler's own filters for, stays
 in ``pending`` until it is bound or gone, and is reconsidered whenever something it depends on changes
-(NodePools, NodeClaims, Nodes, GPUPools: the port's caches wake the worker) and at least every
+(NodePools, NodeClaims, Nodes, GPUPools: the port's caches wake the reconciles) and at least every
 ``RECONSIDER_SECONDS``, without waiting for kube-scheduler to send it again: a pod that could not expand
 when it was turned away (a NodePool not known yet, no template) expands once it can. Decisions stay
 idempotent: a pod queued, waiting on a claim (one node's worth of demand per claim) or just given a node is
@@ -14,23 +15,16 @@ comes out different."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import datetime as dt
 import heapq
-import itertools
 import logging
 import time
-import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from extender.common.contract import GPURequest, parse_request
 from extender.common.labels import EXPANSION_LABEL, EXPANSION_TEMPLATE_NODE, INSTANCE_TYPE, NODEPOOL_LABEL
-from extender.common.tasks import cancel_and_wait
 from extender.controllers.expansion.config import ExpansionConfig
 from extender.controllers.expansion.decide import (
-    ClusterView,
     Create,
     Decision,
     LeaveToKarpenter,
@@ -42,338 +36,114 @@ from extender.controllers.expansion.decide import (
     skip_reason,
 )
 from extender.controllers.expansion.detect import (
-    REASON_CHECK,
     REASON_COMPLETED,
     REASON_FAILED,
-    CapacityFailureLog,
-    FilterResult,
     expands_pool,
     is_capacity_only,
     unschedulable,
 )
-from extender.controllers.expansion.inflight import Departure, InFlight, LeaveReason, PodRef
+from extender.controllers.expansion.inflight import Departure, LeaveReason, PodRef
+from extender.controllers.expansion.intake import (
+    ExpansionPort,
+    Intake,
+    Pending,
+    Queued,
+    Refilter,
+    RequestOf,
+    new_expansion_id,
+    parse_annotations,
+)
 from extender.controllers.expansion.karpenter import (
     claim_devices,
     consolidation_policy,
     consolidation_warning,
     is_gpu_nodepool,
     is_ours,
-    nodepool_admits,
     nominated_claims,
-    pool_nodepools,
     still_coming,
 )
 from extender.controllers.expansion.metrics import ExpansionMetrics
 from extender.controllers.expansion.placeholders import Placeholders
 from extender.controllers.expansion.provisioner import Provisioner
-from extender.scheduling.state import FilterOutcome
+from extender.controllers.runner import Reconciler, Synced
 
 log = logging.getLogger(__name__)
+
+__all__ = ["Expander", "ExpansionPort", "Pending", "Queued", "Refilter", "RequestOf"]
 
 REASON_WAITING = "NodeExpansionWaiting"
 REASON_SKIPPED = "NodeExpansionSkipped"
 REASON_CONSOLIDATION = "GPUBlindConsolidation"
 TICK_SECONDS = 1.0
 NODEPOOL_CHECK_SECONDS = 30.0
-ARRIVAL_GRACE_SECONDS = 15.0
 RECONSIDER_SECONDS = 5.0  # every pending pod is reconsidered at least this often ...
 RECONSIDER_MIN_SECONDS = 1.0  # ... and at most this often, however often its inputs change
 FAILURE_RETRY_SECONDS = 30.0  # a pod whose expansion failed is reconsidered after this long
-MAX_PENDING = 50_000
 
 
-class ExpansionPort(ClusterView, Protocol):
-    """The expander's I/O: cached reads, the pod re-read, the claim write, events."""
+class Expander(Intake):
+    """The expander's two reconciles over what its intake (``Intake``) keeps: ``settling`` on every replica
+    (the in-flight claims, which each replica's decisions count on) and ``deciding`` on the leader only (the
+    NodeClaims and placeholders it creates; it settles first too, so it always decides on settled claims).
+    Both run at least every ``TICK_SECONDS``, the deciding one sooner when a queued pod is due, and both are
+    woken by the port's caches (``wake``); the first pass of either adopts the claims made before a
+    restart."""
 
-    def nodeclaim(self, name: str) -> Mapping[str, Any] | None: ...
-
-    def gpupool(self, name: str) -> Mapping[str, Any] | None: ...
-
-    def node_arrived(self, node_name: str, provider_id: str) -> bool: ...
-
-    def all_nodes(self) -> Sequence[Mapping[str, Any]]: ...
-
-    def cached_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        """The pod as the watch last showed it (no API call)."""
-        ...
-
-    def node_added_at(self) -> float | None:
-        """When (monotonic) the last Node was added, None if none since start."""
-        ...
-
-    def record(self, obj: Mapping[str, Any], reason: str, message: str, type_: str = "Normal") -> None: ...
-
-    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-
-    async def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]: ...
-
-    async def create_nodeclaim(self, body: dict[str, Any]) -> dict[str, Any]: ...
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-
-class RunnableLeader(Protocol):
-    """A leader the expander runs itself while it runs (``AlwaysLeader``, or the service's
-    ``Leadership.follower()``, whose run only waits)."""
+    def __init__(self, config: ExpansionConfig, port: ExpansionPort, *,
+                 request_of: RequestOf = parse_annotations, metrics: ExpansionMetrics | None = None,
+                 clock: Callable[[], float] = time.monotonic, new_id: Callable[[], str] = new_expansion_id,
+                 refilter: Refilter | None = None, caches: Sequence[Synced] = ()) -> None:
+        super().__init__(config, port, request_of=request_of, metrics=metrics, clock=clock, new_id=new_id,
+                         refilter=refilter)
+        self._adopted = False
+        # the caches both wait for; the placeholders' cache joins the deciding one's (``use_placeholders``)
+        self.settling = Reconciler("expander-claims", self.reconcile_claims, interval=TICK_SECONDS,
+                                   caches=caches, wake=self.claims_wake, settle=0.0)
+        self.deciding = Reconciler("expander", self.reconcile_decisions, interval=TICK_SECONDS,
+                                   leader_only=True, caches=caches, wake=self.decisions_wake, settle=0.0)
 
     @property
-    def is_leader(self) -> bool: ...
+    def controllers(self) -> tuple[Reconciler, Reconciler]:
+        return self.settling, self.deciding
 
-    async def run(self) -> None: ...
-
-
-class AlwaysLeader:
-    """For a single replica (and tests): always active."""
-
-    is_leader = True
-
-    async def run(self) -> None:
-        await asyncio.Event().wait()
-
-
-@dataclass
-class Queued:
-    pod: PodRef
-    request: GPURequest
-    candidates: tuple[str, ...]
-    announced_wait: bool = False
-
-
-@dataclass
-class Pending:
-    """A pending pod the expander may have to grow the cluster for. ``candidates``: the nodes of its last
-    filter call (none: kube-scheduler found no node for it and never asked); ``seen_at``: that call's
-    time, or when the watch first showed the pod Unschedulable; ``since``: when it was first turned away."""
-
-    pod: PodRef
-    candidates: tuple[str, ...]
-    since: float
-    seen_at: float
-
-
-RequestOf = Callable[[Mapping[str, Any]], GPURequest]
-# The filter on the current picture, without side effects (``ClusterState.filter``).
-Refilter = Callable[[dict[str, Any], Sequence[str]], FilterResult]
-
-
-def _parse_annotations(pod: Mapping[str, Any]) -> GPURequest:
-    return parse_request((pod.get("metadata") or {}).get("annotations") or {})
-
-
-def _new_expansion_id() -> str:
-    return uuid.uuid4().hex[:12]
-
-
-class Expander:
-    def __init__(self, config: ExpansionConfig, port: ExpansionPort, *, leader: RunnableLeader | None = None,
-                 request_of: RequestOf = _parse_annotations, metrics: ExpansionMetrics | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 new_id: Callable[[], str] = _new_expansion_id, refilter: Refilter | None = None) -> None:
-        self.config = config
-        self.metrics = metrics or ExpansionMetrics()
-        self._request_of = request_of
-        self.port = port
-        self.leader: RunnableLeader = leader or AlwaysLeader()
-        self.inflight = InFlight(config.max_in_flight, config.claim_timeout_seconds)
-        self.flagged = CapacityFailureLog()
-        self._clock = clock
-        self._new_id = new_id
-        self._due: list[tuple[float, int, Queued]] = []
-        self._order = itertools.count()
-        self._slot_waiters: dict[str, Queued] = {}
-        self._wake = asyncio.Event()
-        # Placeholder pods for the Cluster Autoscaler (expansion.placeholders); None: Karpenter only.
-        self.placeholders: Placeholders | None = None
-        # Pods the filter has seen with at least one candidate node (so not "no candidate at all").
-        self.filtered = CapacityFailureLog()
-        self._warned_nodepools: dict[str, str] = {}
-        # Pods whose claim's node arrived: flaggable again only after the grace (uid -> its end). A rejection
-        # during the grace is kept (uid -> entry) and acted on at its end if the pod is still pending then.
-        self._grace: dict[str, float] = {}
-        self._rejected_in_grace: dict[str, Queued] = {}
-        self.arrival_grace = max(ARRIVAL_GRACE_SECONDS, config.delay_seconds)
-        self._nodepools_checked_at: float | None = None
-        # Level triggering: the pods to reconsider, the parked decisions (uid -> what was decided), pods
-        # whose expansion failed (uid -> when to try again), and when the last pass ran.
-        self._refilter = refilter
-        self.pending: OrderedDict[str, Pending] = OrderedDict()
-        self._parked: dict[str, str] = {}
-        self._retry_at: dict[str, float] = {}
-        self._inputs_changed = True
-        self._reconsidered_at: float | None = None
-
-    # -- the filter's side: sync, cheap, never raises ----------------------------------------------
-
-    def notice(self, pod: dict[str, Any], outcome: FilterResult, candidate_nodes: list[str]) -> None:
-        """Called by the filter handler for every rejected or accepted pod."""
-        try:
-            self._notice(pod, outcome, candidate_nodes)
-        except Exception:
-            log.exception("expansion notice failed")
-
-    def observe(self, pod: dict[str, Any], outcome: FilterOutcome) -> None:
-        """``notice`` as a filter observer: the candidates are every node the outcome names."""
-        self.notice(pod, outcome, [*outcome.fits, *outcome.failed, *outcome.unresolvable])
-
-    def _notice(self, pod: dict[str, Any], outcome: FilterResult, candidate_nodes: list[str]) -> None:
-        if not self.config.enabled:
-            return
-        ref = PodRef.of(pod)
-        capacity_only = is_capacity_only(outcome, candidate_nodes)
-        if not capacity_only and self.placeholders is not None and len(self.placeholders):
-            self.placeholders.not_capacity_only(ref.uid)
-        if candidate_nodes:
-            self.filtered.first_time(ref.uid)
-        if outcome.error or getattr(outcome, "fits", None):
-            self._forget_pending(ref.uid)
-            return
-        self._remember(ref, tuple(candidate_nodes))
-        if ref.uid in self._grace and ref.uid not in self._rejected_in_grace:
-            with contextlib.suppress(Exception):
-                self._rejected_in_grace[ref.uid] = Queued(ref, self._request_of(pod), tuple(candidate_nodes))
-        if ref.uid in self.flagged:
-            return
-        self._consider(pod, ref, capacity_only, candidate_nodes)
-
-    def _consider(self, pod: dict[str, Any], ref: PodRef, capacity_only: bool, candidate_nodes: Sequence[str],
-                  since: float | None = None) -> None:
-        if capacity_only:
-            self._flag(pod, ref, candidate_nodes,
-                       "no candidate node has {what} free in pool {pool}, but an empty node would fit it",
-                       since)
-        elif self._no_gpu_of_pool(pod, list(candidate_nodes)):
-            self._flag(pod, ref, candidate_nodes,
-                       "no candidate node has GPUs of pool {pool} yet ({what} wanted)", since)
-
-    def _remember(self, ref: PodRef, candidates: tuple[str, ...]) -> None:
-        now = self._clock()
-        known = self.pending.pop(ref.uid, None)
-        self.pending[ref.uid] = Pending(ref, candidates, known.since if known else now, now)
-        while len(self.pending) > MAX_PENDING:
-            uid, _ = self.pending.popitem(last=False)
-            self._parked.pop(uid, None)
-            self._retry_at.pop(uid, None)
-
-    def _forget_pending(self, uid: str) -> None:
-        self.pending.pop(uid, None)
-        self._parked.pop(uid, None)
-        self._retry_at.pop(uid, None)
-
-    def _no_gpu_of_pool(self, pod: dict[str, Any], candidate_nodes: list[str]) -> bool:
-        """No candidate holds a GPU of the pod's pool, and the pool has NodePools to grow from."""
-        try:
-            request = self._request_of(pod)
-        except Exception:
-            return False
-        gpupool = self.port.gpupool(request.pool)
-        placeholders = self.placeholders
-        if placeholders is not None and placeholders.provisioner(gpupool) is Provisioner.CLUSTER_AUTOSCALER:
-            return False
-        nodepools = pool_nodepools(gpupool, request.pool, self.port.all_nodepools())
-        if not any(nodepool_admits(pod, nodepool) for nodepool in nodepools):
-            return False
-        return not any(d.pool == request.pool for name in candidate_nodes for d in self.port.node_gpus(name))
-
-    def _flag(self, pod: dict[str, Any], ref: PodRef, candidate_nodes: Sequence[str], why: str,
-              since: float | None = None) -> None:
-        """Flag the pod (once: an event and the metric) and queue it, due ``delay`` after ``since`` (when it
-        was first turned away; default now)."""
-        try:
-            request = self._request_of(pod)
-        except Exception:  # a pod the contract rejects was never capacity-only
-            return
-        if not expands_pool(self.port.gpupool(request.pool)) or not self.flagged.first_time(ref.uid):
-            return
-        self.metrics.capacity_only_failures.labels(pool=request.pool).inc()
-        self.port.record(pod, REASON_CHECK,
-                         why.format(what=request.describe(), pool=request.pool)
-                         + f": node expansion is considered in {self.config.delay_seconds:g}s")
-        now = self._clock()
-        self._push(Queued(ref, request, tuple(candidate_nodes)),
-                   max(now, (now if since is None else since) + self.config.delay_seconds))
-
-    def pod_changed(self, pod: dict[str, Any]) -> None:
-        """A pending GPU pod of the scheduler profile changed. One the scheduler found Unschedulable without
-        ever asking the extender (no node passed its own filters) gets the scale-from-zero path."""
-        try:
-            if not self.config.enabled:
-                return
-            ref = PodRef.of(pod)
-            if not unschedulable(pod, self.config.scheduler_name):
-                if skip_reason(pod, ref.uid) is not None:
-                    self._forget_pending(ref.uid)
-                return
-            if ref.uid not in self.pending:
-                self._remember(ref, ())
-            if ref.uid in self.filtered or ref.uid in self.flagged:
-                return
-            if self._no_gpu_of_pool(pod, []):
-                self._flag(pod, ref, (), "no node passed the scheduler's own filters for this pod and pool "
-                                         "{pool} has no GPU node for it ({what} wanted)")
-        except Exception:
-            log.exception("expansion pod watch failed")
-
-    def wake(self) -> None:
-        """Something changed (a claim, a node, a NodePool, a GPUPool): settle the in-flight set now rather
-        than at the next tick, and reconsider the pending pods."""
-        self._inputs_changed = True
-        self._wake.set()
-
-    def _push(self, entry: Queued, due: float) -> None:
-        heapq.heappush(self._due, (due, next(self._order), entry))
-        self._wake.set()
-
-    @property
-    def queued(self) -> int:
-        return len(self._due) + len(self._slot_waiters)
-
-    # -- the worker ---------------------------------------------------------------------------------
-
-    async def run(self) -> None:
-        """Run until cancelled: caches, the lease, and the queue."""
-        await self.port.start()
-        if self.placeholders is not None:
-            await self.placeholders.start()
-        leader_task = asyncio.create_task(self.leader.run(), name="expander-lease")
-        try:
-            self.adopt_existing_claims()
-            while True:
-                await self.tick()
-                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation (shutdown hangs)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self._sleep_for()):
-                        await self._wake.wait()
-                self._wake.clear()
-        finally:
-            await cancel_and_wait([leader_task])
-            if self.placeholders is not None:
-                await self.placeholders.stop()
-            await self.port.stop()
+    def use_placeholders(self, placeholders: Placeholders, cache: Synced) -> None:
+        """Give the expander its Cluster Autoscaler side; the deciding reconcile waits for ``cache``."""
+        self.placeholders = placeholders
+        self.deciding.caches = (*self.deciding.caches, cache)
 
     def _sleep_for(self) -> float:
         if not self._due:
             return TICK_SECONDS
         return min(TICK_SECONDS, max(0.0, self._due[0][0] - self._clock()))
 
-    async def tick(self) -> None:
-        """Settle the in-flight claims, then handle the queued pods that are due (while leader)."""
-        now = self._clock()
-        self._depart(self.inflight.settle(self.port.nodeclaim, self.port.node_arrived, now))
-        for uid in [uid for uid, until in self._grace.items() if until <= now]:
+    async def reconcile_claims(self, now: dt.datetime | None = None) -> float | None:
+        """Every replica: settle the in-flight claims."""
+        self._settle(self._clock())
+        return None
+
+    def _settle(self, at: float) -> None:
+        """Settle the in-flight claims (their pods get the arrival grace, or are flaggable again), end the
+        graces that ran out, and count Karpenter's own claims in flight. Idempotent at one time."""
+        self._adopt_once()
+        self._depart(self.inflight.settle(self.port.nodeclaim, self.port.node_arrived, at))
+        for uid in [uid for uid, until in self._grace.items() if until <= at]:
             del self._grace[uid]
             entry = self._rejected_in_grace.pop(uid, None)
             if entry is None:
                 self.flagged.forget(uid)  # the next rejection flags it again
             else:
-                self._push(entry, now)  # rejected although its node had arrived: the node went elsewhere
+                self._push(entry, at)  # rejected although its node had arrived: the node went elsewhere
         self.track_karpenter_claims()
-        if not self.leader.is_leader:
-            return
-        self._check_nodepools(now)
-        self.reconsider(now)
-        while self._due and self._due[0][0] <= now:
+
+    async def reconcile_decisions(self, now: dt.datetime | None = None) -> float | None:
+        """The leader: settle the in-flight claims, warn of GPU-blind NodePools, reconsider the pending pods,
+        decide the queued pods that are due (a NodeClaim, a placeholder, a wait) and settle the placeholders;
+        run again when the next queued pod is due."""
+        at = self._clock()
+        self._settle(at)
+        self._check_nodepools(at)
+        self.reconsider(at)
+        while self._due and self._due[0][0] <= at:
             _, _, entry = heapq.heappop(self._due)
             try:
                 await self._process(entry)
@@ -389,6 +159,12 @@ class Expander:
                 raise
             except Exception:
                 log.exception("settling placeholder pods failed")
+        return self._sleep_for()
+
+    def _adopt_once(self) -> None:
+        if not self._adopted:
+            self._adopted = True
+            self.adopt_existing_claims()
 
     def reconsider(self, now: float) -> None:
         """Level triggering: every pending pod that nothing is under way for is looked at again, from the

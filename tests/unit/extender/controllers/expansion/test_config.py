@@ -1,4 +1,4 @@
-"""The expander's flags (the Lease itself: tests/unit/extender/kube/test_lease.py)."""
+"""The expander's flags (the Lease and its namespace: extender/controllers/leadership.py's tests)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ def test_flags_default_from_the_environment() -> None:
     add_arguments(parser, {"TF_MAX_INFLIGHT_NODES": "3", "TF_EXPANSION_ENABLED": "false",
                            "POD_NAMESPACE": "gpu-system"})
     config = from_args(parser.parse_args([]))
-    assert config == ExpansionConfig(enabled=False, max_in_flight=3, lease_namespace="gpu-system")
+    assert config == ExpansionConfig(enabled=False, max_in_flight=3)
     config = from_args(parser.parse_args([
         "--expansion", "--expansion-delay", "0.5", "--max-inflight-nodes", "7",
-        "--expansion-claim-timeout", "60", "--expansion-lease-namespace", "x"]))
-    assert (config.enabled, config.delay_seconds, config.max_in_flight, config.claim_timeout_seconds,
-            config.lease_namespace) == (True, 0.5, 7, 60.0, "x")
+        "--expansion-claim-timeout", "60"]))
+    assert (config.enabled, config.delay_seconds, config.max_in_flight,
+            config.claim_timeout_seconds) == (True, 0.5, 7, 60.0)
 
 
 def test_defaults() -> None:

@@ -26,7 +26,7 @@ from extender.controllers.expansion.placeholders import REASON_WAITING, Placehol
 from extender.controllers.expansion.provisioner import AutoscalerConfig, Provisioner, pool_provisioner
 from extender.controllers.expansion.worker import Expander
 from extender.scheduling.state import FilterOutcome
-from tests.unit.fixtures.expansion import CAPACITY_ONLY, Clock, FakePort, Leader, gpu
+from tests.unit.fixtures.expansion import CAPACITY_ONLY, Clock, FakePort, gpu, later
 
 NS = "tensor-fusion-sys"
 FITS = FilterOutcome(["n1"], {}, {}, None, False)
@@ -76,15 +76,10 @@ class CAPort(FakePort):
 
 def make(port: CAPort, provisioner: Provisioner = Provisioner.AUTO) -> tuple[Expander, Clock]:
     clock = Clock()
-    expander = Expander(ExpansionConfig(delay_seconds=10.0), port, leader=Leader(), clock=clock)
+    expander = Expander(ExpansionConfig(delay_seconds=10.0), port, clock=clock)
     expander.placeholders = Placeholders(AutoscalerConfig(provisioner=provisioner, namespace=NS), port,
                                          forget=expander.flagged.forget, clock=clock)
     return expander, clock
-
-
-async def later(expander: Expander, clock: Clock, seconds: float) -> None:
-    clock.now += seconds
-    await expander.tick()
 
 
 @pytest.fixture

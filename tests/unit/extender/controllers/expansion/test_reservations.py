@@ -12,7 +12,7 @@ from extender.common.labels import NVIDIA_GPU, RESERVATION_LABEL, RESERVED_GPU, 
 from extender.controllers.expansion.placeholder_pods import reservation_body, reservation_name
 from extender.controllers.expansion.reservations import plan, wanted
 from extender.kube.informer import WatchCache
-from extender.kube.resources import NODES
+from extender.kube.resources import NODES, PODS
 
 NS = "tensor-fusion-sys"
 
@@ -28,6 +28,14 @@ def node_cache(*items: dict[str, Any]) -> WatchCache:
     for item in items:
         cache.handle("ADDED", item)
     return cache
+
+
+def reservation_cache() -> WatchCache:
+    """The keeper's cache of its pods (never run)."""
+    from extender.controllers.expansion.reservations import RESERVATION_SELECTOR
+
+    return WatchCache(None, PODS, namespace=NS, label_selector=RESERVATION_SELECTOR,  # type: ignore[arg-type]
+                      name="gpu-reservations")
 
 
 def existing(gpu: str, node_name: str, phase: str = "Running", deleting: bool = False) -> dict[str, Any]:
@@ -129,7 +137,7 @@ async def test_the_keeper_follows_the_ledger_and_backs_off_from_refused_pods() -
     nodes = node_cache(node("a"))
     state.apply(Kind.GPU, "ADDED", gpu("a-g0", "a"))
     keeper = ReservationKeeper(AutoscalerConfig(namespace=NS), None, state, nodes,  # type: ignore[arg-type]
-                               ready=lambda: None, clock=lambda: now[0])  # type: ignore[arg-type, return-value]
+                               reservation_cache(), clock=lambda: now[0])
     writer = Writer(keeper.cache)
     keeper.writer = writer  # type: ignore[assignment]
     await keeper.reconcile()
@@ -162,27 +170,21 @@ async def test_a_node_whose_gpus_are_advertised_after_its_pods_bound_is_reserved
 
     from extender.controllers.expansion.provisioner import AutoscalerConfig
     from extender.controllers.expansion.reservations import ReservationKeeper
+    from extender.controllers.runner import Runner
     from extender.scheduling.state import ClusterState, Kind
     from tests.unit.fixtures.fakes import eventually, gpu, pod
 
     state = ClusterState()
     nodes = node_cache(node("a", gpus=None))
+    nodes.synced.set()
     state.apply(Kind.GPU, "ADDED", gpu("a-g0", "a"))
 
-    async def ready() -> None:
-        return None
-
     keeper = ReservationKeeper(AutoscalerConfig(namespace=NS), None, state, nodes,  # type: ignore[arg-type]
-                               ready=ready, clock=lambda: 0.0)
+                               reservation_cache(), caches=[nodes], clock=lambda: 0.0)
     writer = Writer(keeper.cache)
     keeper.writer = writer  # type: ignore[assignment]
-
-    async def no_watch() -> None:
-        keeper.cache.synced.set()
-        await asyncio.Event().wait()
-
-    keeper.cache.run = no_watch  # type: ignore[method-assign]
-    task = asyncio.create_task(keeper.run())
+    keeper.cache.synced.set()  # its watch, as the service runs it, has listed
+    task = asyncio.create_task(Runner().run(keeper.controller))
     try:
         state.apply(Kind.POD, "ADDED", pod("p", "u1", node="a", gpu_ids="a-g0", phase="Running"))
         await asyncio.sleep(1.2)  # two polls: the ledger changed, but the node advertises no GPU yet
@@ -190,10 +192,10 @@ async def test_a_node_whose_gpus_are_advertised_after_its_pods_bound_is_reserved
         nodes.handle("MODIFIED", node("a"))  # its allocatable arrives
         await eventually(lambda: writer.created)
         assert writer.created == ["a-g0"]
-        keeper._wake.clear()  # no await in between: nothing else can set it
+        keeper.controller.wake.event.clear()  # no await in between: nothing else can set it
         relabelled = {**node("a"), "metadata": {"name": "a", "uid": "uid-a", "labels": {"x": "1"}}}
         nodes.handle("MODIFIED", relabelled)
-        assert not keeper._wake.is_set()  # a change that keeps the count wakes nothing
+        assert not keeper.controller.wake.event.is_set()  # a change that keeps the count wakes nothing
         nodes.handle("DELETED", node("a"))
         assert keeper._advertised == {}
     finally:

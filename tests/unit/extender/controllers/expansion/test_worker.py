@@ -13,7 +13,7 @@ from extender.controllers.expansion.config import ExpansionConfig
 from extender.controllers.expansion.detect import REASON_CHECK, REASON_COMPLETED, REASON_FAILED
 from extender.controllers.expansion.worker import REASON_SKIPPED, REASON_WAITING, Expander
 from extender.scheduling.state import FilterOutcome
-from tests.unit.fixtures.expansion import CAPACITY_ONLY, Clock, FakePort, Leader, gpu, later, make
+from tests.unit.fixtures.expansion import CAPACITY_ONLY, Clock, FakePort, gpu, later, make
 from tests.unit.fixtures.expansion import port as port  # the fixture
 
 
@@ -189,12 +189,10 @@ async def test_a_failed_create_is_reported_and_retried_at_the_next_rejection(por
 
 
 async def test_only_the_lease_holder_creates_claims(port: FakePort) -> None:
-    leader = Leader(is_leader=False)
-    expander, clock = make(port, leader=leader)
+    expander, clock = make(port)
     expander.notice(port.add_pod("p"), CAPACITY_ONLY, ["n1"])
-    await later(expander, clock, 30)
+    await later(expander, clock, 30, leader=False)
     assert port.created == []
-    leader.is_leader = True
     await later(expander, clock, 1)
     assert len(port.created) == 1
 
@@ -242,8 +240,7 @@ def leveled(port: FakePort, refilter: Refilter | None = None) -> tuple[Expander,
     clock = Clock()
     ids = iter(f"e{i}" for i in range(1000))
     config = ExpansionConfig(delay_seconds=10.0, claim_timeout_seconds=300.0)
-    expander = Expander(config, port, leader=Leader(), clock=clock, new_id=lambda: next(ids),
-                        refilter=refilter)
+    expander = Expander(config, port, clock=clock, new_id=lambda: next(ids), refilter=refilter)
     return expander, clock
 
 
@@ -358,3 +355,55 @@ async def test_a_pending_pod_with_a_bad_request_is_dropped_quietly(
     await later(expander, clock, 6)
     assert not expander.pending and port.created == [] and port.events == []
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+async def test_a_follower_settles_claims_in_flight_but_creates_none(port: FakePort) -> None:
+    leader, clock = make(port)
+    leader.notice(port.add_pod("a", vram="20Gi"), CAPACITY_ONLY, ["n1"])
+    await later(leader, clock, 10)
+    (claim,) = port.created
+    follower, clock = make(port)
+    await later(follower, clock, 0, leader=False)  # its first pass adopts the claim
+    assert len(follower.inflight) == 1
+    follower.notice(port.add_pod("b", vram="80Gi"), CAPACITY_ONLY, ["n1"])
+    await later(follower, clock, 30, leader=False)
+    assert len(port.created) == 1 and follower.queued == 1  # flagged and queued, but only a leader decides
+    port.karpenter_delivers(claim["metadata"]["name"])
+    await later(follower, clock, 1, leader=False)
+    assert len(follower.inflight) == 0  # the claim's node arrived: settled on the follower too
+
+
+async def test_the_leader_pass_runs_again_when_the_next_pod_is_due(port: FakePort) -> None:
+    expander, clock = make(port)
+    assert await later(expander, clock, 0) == 1.0  # nothing due: the tick
+    expander.notice(port.add_pod("p"), CAPACITY_ONLY, ["n1"])
+    assert await later(expander, clock, 9.75) == pytest.approx(0.25)
+    await later(expander, clock, 0.25)
+    assert len(port.created) == 1
+
+
+async def test_on_the_runner_only_the_leader_creates_claims(port: FakePort) -> None:
+    import asyncio
+
+    from extender.common.tasks import cancel_and_wait
+    from extender.controllers.runner import Runner
+    from tests.unit.fixtures.fakes import eventually
+
+    class Lead:
+        is_leader = False
+
+    expander, _ = make(port, delay_seconds=0.0)
+    claims, decisions = expander.controllers
+    assert (claims.leader_only, decisions.leader_only) == (False, True)
+    lead = Lead()
+    runner = Runner(lead)
+    tasks = [asyncio.create_task(runner.run(c)) for c in expander.controllers]
+    try:
+        expander.notice(port.add_pod("p"), CAPACITY_ONLY, ["n1"])
+        await eventually(lambda: expander.queued == 1)
+        await asyncio.sleep(0.2)
+        assert port.created == []
+        lead.is_leader = True
+        await eventually(lambda: len(port.created) == 1)
+    finally:
+        await cancel_and_wait(tasks)
