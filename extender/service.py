@@ -96,17 +96,16 @@ def build_core_caches(informers: Informers, state: ClusterState, inventory: Inve
         cache.subscribe(lambda event, obj: state.apply(kind, event, obj))
         return cache
 
+    nodes = fed(informers.cache(resources.NODES, name="nodes"), Kind.NODE)
+    pods = fed(informers.cache(resources.PODS, label_selector=POD_SELECTOR, name="pods"), Kind.POD)
+    gpupools = fed(informers.cache(resources.GPU_POOLS, name="gpupools", optional=True), Kind.POOL)
+    templates = fed(informers.cache(resources.SCHEDULING_CONFIG_TEMPLATES, name="schedulingconfigtemplates",
+                                    optional=True), Kind.TEMPLATE)
     gpus = None
     if inventory is not InventorySource.NODE_LABELS:
-        gpus = informers.cache(resources.GPUS, name="gpus", optional=inventory is InventorySource.AUTO)
-    return CoreCaches(
-        nodes=fed(informers.cache(resources.NODES, name="nodes"), Kind.NODE),
-        pods=fed(informers.cache(resources.PODS, label_selector=POD_SELECTOR, name="pods"), Kind.POD),
-        gpupools=fed(informers.cache(resources.GPU_POOLS, name="gpupools", optional=True), Kind.POOL),
-        templates=fed(informers.cache(resources.SCHEDULING_CONFIG_TEMPLATES, name="schedulingconfigtemplates",
-                                      optional=True), Kind.TEMPLATE),
-        gpus=fed(gpus, Kind.GPU) if gpus is not None else None,
-    )
+        gpus = fed(informers.cache(resources.GPUS, name="gpus", optional=inventory is InventorySource.AUTO),
+                   Kind.GPU)
+    return CoreCaches(nodes=nodes, pods=pods, gpupools=gpupools, templates=templates, gpus=gpus)
 
 
 class ExtenderService:

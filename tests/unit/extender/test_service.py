@@ -90,7 +90,7 @@ def test_one_lease_gates_every_leader_only_controller() -> None:
 
 def test_without_cluster_wide_controllers_no_leader_is_elected() -> None:
     service = _service(["serve", "--no-expansion", "--no-defrag", "--no-capacity-controllers",
-                        "--no-preemptor", "--no-nudge-scheduler"])
+                        "--no-tensorfusion-clusters", "--no-preemptor", "--no-nudge-scheduler"])
     assert service.leadership is None
     assert not any(c.leader_only for c in service.controllers)
     assert "nodeclaims" not in [c.name for c in service.informers.caches()]
@@ -160,7 +160,7 @@ async def test_a_new_controller_is_its_package_and_its_place_in_the_tuple(
     passes = service.parts["dummy"]
     (controller,) = [c for c in service.controllers if c.name == "dummy"]
     assert "dummy" in [name for name, _ in service.loops()]
-    for cache in service.core.all:  # as if every watch had listed
+    for cache in service.ready_caches:  # as if every watch had listed
         cache.synced.set()
     runner = asyncio.create_task(service.runner.run(controller))
     http: TestClient[Any, Any] = await aiohttp_client(service.app())
@@ -183,7 +183,7 @@ def _design_table() -> set[tuple[str, str, bool]]:
     text = (Path(__file__).resolve().parents[3] / "docs" / "design.md").read_text(encoding="utf-8")
     table = text.split("<!-- controllers -->", 1)[1].split("<!-- /controllers -->", 1)[0]
     rows = set()
-    for line in table.splitlines()[2:]:
+    for line in [row for row in table.splitlines() if row.startswith("|")][2:]:
         package, controller, leader_only = (c.strip().strip("`") for c in line.strip("|").split("|")[:3])
         rows.add((package, controller, leader_only == "yes"))
     return rows

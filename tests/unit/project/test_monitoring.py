@@ -25,6 +25,7 @@ from extender.controllers.capacity.launcher import LauncherMetrics
 from extender.controllers.defrag.metrics import DefragMetrics
 from extender.controllers.expansion.metrics import ExpansionMetrics
 from extender.controllers.gpustatus import StatusMetrics
+from extender.controllers.runner import ControllerMetrics
 from extender.server.metrics import Metrics
 from extender.server.stranded import StrandedCollector, count_stranded
 from tests.harness.promql import DASHBOARD, PROMETHEUS_OWN, ROOT, RULES, dashboard_queries, rules, selectors
@@ -63,6 +64,7 @@ def exported_names() -> set[str]:
     CompactorMetrics(metrics.registry)
     LauncherMetrics(metrics.registry)
     DefragMetrics(metrics.registry)
+    ControllerMetrics(metrics.registry)
     webhook = WebhookMetrics(registry)
     webhook.track_certificate(Path("/nonexistent/tls.crt"))
     names: set[str] = set()
