@@ -41,8 +41,8 @@ def _service(argv: list[str]) -> ExtenderService:
     return ExtenderService(client.ApiClient(configuration), settings)
 
 
-def test_every_package_of_the_tuple_is_built_and_each_controller_runs_once(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def _record_builds(monkeypatch: pytest.MonkeyPatch) -> dict[str, Built | None]:
+    """What each package of the tuple returns from ``build``, by its NAME, as services are made."""
     returned: dict[str, Built | None] = {}
     for package in registry.CONTROLLERS:
         def recording(deps: Deps, settings: Any, build: Any = package.build, name: str = package.NAME) -> Any:
@@ -50,6 +50,12 @@ def test_every_package_of_the_tuple_is_built_and_each_controller_runs_once(
             return returned[name]
 
         monkeypatch.setattr(package, "build", recording)
+    return returned
+
+
+def test_every_package_of_the_tuple_is_built_and_each_controller_runs_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    returned = _record_builds(monkeypatch)
     service = _service(EVERYTHING)
     names = [name for name, _ in service.loops()]
     assert len(names) == len(set(names)), Counter(names).most_common(3)
@@ -190,13 +196,7 @@ def _design_table() -> set[tuple[str, str, bool]]:
 
 
 def test_the_design_page_lists_every_controller_as_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    built: dict[str, Built | None] = {}
-    for package in registry.CONTROLLERS:
-        def recording(deps: Deps, settings: Any, build: Any = package.build, name: str = package.NAME) -> Any:
-            built[name] = build(deps, settings)
-            return built[name]
-
-        monkeypatch.setattr(package, "build", recording)
+    built = _record_builds(monkeypatch)
     _service(EVERYTHING)  # every controller a package has
     running = {(name, c.name, c.leader_only) for name, b in built.items() if b is not None
                for c in b.controllers}
