@@ -66,3 +66,19 @@ async def test_losing_the_process_lease_gives_up_the_others_at_once() -> None:
     holders[LEADER_LEASE] = "b"  # another replica took it over (ours expired)
     assert not await leader.step()
     assert holders == {LEADER_LEASE: "b"}
+
+
+def test_the_lease_namespace_defaults_from_the_environment_and_the_flag_wins() -> None:
+    import argparse
+
+    from extender.controllers import leadership
+
+    def parsed(env: dict[str, str], argv: list[str]) -> str:
+        parser = argparse.ArgumentParser()
+        leadership.add_arguments(parser, env)
+        return leadership.from_args(parser.parse_args(argv))
+
+    assert parsed({}, []) == "tensor-fusion-sys"
+    assert parsed({"POD_NAMESPACE": "gpu-system"}, []) == "gpu-system"
+    assert parsed({"POD_NAMESPACE": "gpu-system", "TF_EXPANSION_LEASE_NAMESPACE": "leases"}, []) == "leases"
+    assert parsed({"POD_NAMESPACE": "gpu-system"}, ["--expansion-lease-namespace", "x"]) == "x"
