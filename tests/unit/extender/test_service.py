@@ -79,8 +79,11 @@ def test_a_resource_two_controllers_read_is_one_watch() -> None:
     claims = service.informers.cache(NODECLAIMS)
     assert service.parts["expansion"].port.claims is claims
     assert service.parts["capacity"].view.nodeclaims is claims
-    assert service.parts["tfcluster"].clusters is service.informers.caches()[
+    clusters = service.informers.caches()[
         [c.name for c in service.informers.caches()].index("tensorfusionclusters")]
+    # the TensorFusionCluster controller and Provisioned mode (a pool's vendor) read one cluster cache
+    assert service.parts["tfcluster"].clusters is clusters
+    assert service.parts["capacity"].clusters is clusters and service.parts["capacity"].cloud.clusters is clusters
     assert service.parts["gpunode"].gpunodes is service.parts["capacity"].view.gpunodes
 
 
