@@ -83,7 +83,8 @@ def test_a_resource_two_controllers_read_is_one_watch() -> None:
         [c.name for c in service.informers.caches()].index("tensorfusionclusters")]
     # the TensorFusionCluster controller and Provisioned mode (a pool's vendor) read one cluster cache
     assert service.parts["tfcluster"].clusters is clusters
-    assert service.parts["capacity"].clusters is clusters and service.parts["capacity"].cloud.clusters is clusters
+    capacity = service.parts["capacity"]
+    assert capacity.clusters is clusters and capacity.cloud.clusters is clusters
     assert service.parts["gpunode"].gpunodes is service.parts["capacity"].view.gpunodes
 
 
