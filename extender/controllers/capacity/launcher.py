@@ -180,7 +180,7 @@ class Launcher:
             name, phase = object_name(claim), claim_phase(claim)
             nodeclaim = self.view.nodeclaims.get(name)
             if nodeclaim is None:
-                if name in self.view.created or not self.view.nodeclaims.synced.is_set():
+                if name in self.view.created:
                     continue
                 if phase == PENDING:
                     await self._recreate(claim, configs[pool])

@@ -7,7 +7,6 @@ controllers run exactly the code ``tf-extender plan`` runs. ``KubePort`` does th
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import logging
 import time
@@ -17,6 +16,7 @@ from typing import Any, Protocol
 from kubernetes import client
 
 from extender.controllers.capacity.config import CapacityConfig
+from extender.controllers.runner import Synced
 from extender.kube.client import api_call, error_message, get_or_none, not_found, request_json
 from extender.kube.events import EventRecorder
 from extender.kube.resources import GPU_POOLS, Resource, collection_path, object_path
@@ -40,12 +40,9 @@ class ObjectStore(Protocol):
     def list(self) -> list[dict[str, Any]]: ...
 
 
-class WatchedStore(ObjectStore, Protocol):
-    """A watch cache: read, synced once its first list is in, and telling ``subscribe``'s listeners of every
-    change."""
-
-    @property
-    def synced(self) -> asyncio.Event: ...
+class WatchedStore(ObjectStore, Synced, Protocol):
+    """A watch cache: read, synced once its first list is in (the runner waits for that before a
+    controller's first pass), and telling ``subscribe``'s listeners of every change."""
 
     def subscribe(self, listener: Callable[[str, dict[str, Any]], None]) -> None: ...
 

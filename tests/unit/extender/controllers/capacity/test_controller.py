@@ -3,6 +3,7 @@ reconcilers (launch, registration, termination, garbage collection) over one clo
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from typing import Any
 
@@ -13,13 +14,90 @@ from extender.controllers.capacity.config import CapacityConfig
 from extender.scheduling.state import ClusterState, Kind
 from tests.unit.fixtures.capacity import (
     NOW,
-    FakePort,
+    Provisioned,
     Store,
     autoselect_pool,
     gfd_node,
     karpenter_pool,
+    provisioned_pool,
 )
 from tests.unit.fixtures.capacity import catalog_file as catalog_file  # the fixture
+
+
+def _capacity(pools: list[dict[str, Any]] = (), **caches: Any) -> Any:  # type: ignore[assignment]
+    from extender.controllers.capacity.controller import Capacity
+
+    stores = {k: caches.get(k, Store()) for k in ("gpunodeclaims", "nodeclaims", "node_classes", "clusters")}
+    return Capacity(CapacityConfig(interval_seconds=600), None, ClusterState(),  # type: ignore[arg-type]
+                    nodes=Store(), pools=Store(pools), pods=Store(), recorder=None,  # type: ignore[arg-type]
+                    registry=CollectorRegistry(), core=caches.get("core", ()), **stores)
+
+
+def test_every_controller_is_leader_only_every_interval_over_the_core_caches_and_its_own() -> None:
+    core = (Store(), Store())
+    claims, nodeclaims, classes, clusters = Store(), Store(), Store(), Store()
+    capacity = _capacity(core=core, gpunodeclaims=claims, nodeclaims=nodeclaims, node_classes=classes,
+                         clusters=clusters)
+    assert [c.name for c in capacity.controllers] == [
+        "provisioner", "compactor", "provisioned-launch", "provisioned-registration",
+        "provisioned-termination", "provisioned-garbagecollection"]
+    for c in capacity.controllers:
+        assert c.leader_only and c.interval == 600
+        assert list(c.caches) == [*core, claims, nodeclaims, classes, clusters]
+
+
+def test_a_change_of_a_claim_class_or_cluster_wakes_the_launchers_registration_and_termination() -> None:
+    claims, nodeclaims, classes, clusters = Store(), Store(), Store(), Store()
+    capacity = _capacity(gpunodeclaims=claims, nodeclaims=nodeclaims, node_classes=classes, clusters=clusters)
+    woken = {"provisioner", "provisioned-launch", "provisioned-registration", "provisioned-termination"}
+    for cache in (claims, nodeclaims, classes, clusters):
+        for c in capacity.controllers:
+            c.wake.event.clear()
+        for listener in cache.listeners:
+            listener("MODIFIED", {"metadata": {"name": "x"}})
+        assert {c.name for c in capacity.controllers if c.wake.event.is_set()} == woken
+
+
+async def test_a_woken_provisioned_reconciler_passes_again_before_its_interval() -> None:
+    from extender.controllers.runner import Runner
+
+    claims = Store()
+    capacity = _capacity(gpunodeclaims=claims)
+    passes: list[dt.datetime] = []
+
+    async def reconcile(now: dt.datetime) -> None:
+        passes.append(now)
+
+    for c in capacity.controllers:
+        c.settle = 0.0
+    registration = capacity.provisioned_registration
+    registration.reconcile = reconcile
+    task = asyncio.create_task(Runner().run(registration))
+    try:
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+            if passes:
+                break
+        assert len(passes) == 1  # the first pass; the next is 600s away
+        claims.listeners[0]("ADDED", {"metadata": {"name": "pp-1"}})
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+            if len(passes) == 2:
+                break
+        assert len(passes) == 2
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def test_a_pod_of_a_provisioned_pool_that_fits_nowhere_wakes_both_launchers() -> None:
+    from extender.scheduling.state import FilterOutcome
+
+    capacity = _capacity([provisioned_pool()])
+    capacity.after_filter({"metadata": {"annotations": {"tensor-fusion.ai/gpupool": "pp"}}},
+                          FilterOutcome([], {"n1": "full"}, {}, None, True))
+    assert {c.name for c in capacity.controllers if c.wake.event.is_set()} == {
+        "provisioner", "provisioned-launch"}
 
 
 async def test_a_pod_of_a_karpenter_pool_that_fits_nowhere_wakes_the_provisioner() -> None:
@@ -54,50 +132,6 @@ async def test_a_pod_of_a_karpenter_pool_that_fits_nowhere_wakes_the_provisioner
     assert woken.is_set()
 
 
-class FakeProvider:
-    """A cloud that launches at once, whose VMs ``gone`` marks terminated."""
-
-    vendor = "aws"
-
-    def __init__(self) -> None:
-        from extender.cloud.provider import Instance
-
-        self.instances: dict[str, Instance] = {}
-        self.calls: list[tuple[str, str]] = []
-
-    async def test_connection(self) -> None:
-        self.calls.append(("test", ""))
-
-    async def create(self, request: Any) -> Any:
-        from extender.cloud.provider import Instance
-
-        self.calls.append(("create", request.claim))
-        instance = Instance(f"i-{len(self.instances)}", "running", request.claim, request.zone, NOW,
-                            {"tensor-fusion.ai/gpupool": request.pool})
-        self.instances[instance.id] = instance
-        return instance
-
-    async def find(self, claim: str) -> Any:
-        return next((i for i in self.instances.values() if i.claim == claim and not i.gone), None)
-
-    async def describe(self, instance_id: str) -> Any:
-        self.calls.append(("describe", instance_id))
-        return self.instances.get(instance_id)
-
-    async def list_managed(self, cluster: str) -> list[Any]:
-        self.calls.append(("list", cluster))
-        return list(self.instances.values())
-
-    async def terminate(self, instance_id: str) -> None:
-        from dataclasses import replace
-
-        self.calls.append(("terminate", instance_id))
-        self.instances[instance_id] = replace(self.instances[instance_id], state="terminated")
-
-    async def close(self) -> None:
-        self.calls.append(("close", ""))
-
-
 async def test_provisioned_mode_launches_registers_terminates_and_sweeps(
         catalog_file: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The four Provisioned-mode reconcilers over one cloud state: a claim then its VM, Bound once its Node
@@ -105,32 +139,10 @@ async def test_provisioned_mode_launches_registers_terminates_and_sweeps(
     grace."""
     from extender.cloud.provider import Instance
     from extender.common.labels import NODE_PROVISIONER, PROVISIONED_FINALIZER
-    from extender.controllers.capacity.controller import Capacity
-    from extender.controllers.capacity.provisioned import cloud as cloud_module
 
-    provider = FakeProvider()
-    monkeypatch.setattr(cloud_module, "make_provider", lambda config: provider)
-    vendor = tmp_path / "vendor.yaml"
-    vendor.write_text("type: aws\nauthType: serviceAccountRole\nparams: {defaultRegion: us-east-1}\n")
-    pool = {"kind": "GPUPool", "apiVersion": "tensor-fusion.ai/v1",
-            "metadata": {"name": "pp", "uid": "pp-uid"},
-            "spec": {"capacityConfig": {"minResources": {"tflops": 50}},
-                     "nodeManagerConfig": {"provisioningMode": "Provisioned",
-                                           "nodeProvisioner": {"nodeClass": "gpu"}}}}
-    node_class = {"metadata": {"name": "gpu"}, "spec": {"osImageSelectorTerms": [{"id": "ami-1"}]}}
-    state = ClusterState()
-    state.apply(Kind.POOL, "ADDED", pool)
-    claims, nodes = Store(), Store()
-    capacity = Capacity(
-        CapacityConfig(catalog_file=catalog_file, computing_vendor_file=str(vendor),
-                       orphan_grace_seconds=60),
-        None,  # type: ignore[arg-type]
-        state, recorder=None, registry=CollectorRegistry(),  # type: ignore[arg-type]
-        nodes=nodes, pools=Store([pool]), pods=Store(), gpunodeclaims=claims, nodeclaims=Store(),
-        node_classes=Store([node_class]), clusters=Store(),
-    )
-    port = FakePort()
-    capacity.port = capacity.view.port = capacity.cloud.port = port  # type: ignore[assignment]
+    world = Provisioned(tmp_path, monkeypatch, catalog_file, orphan_grace_seconds=60)
+    capacity, port, provider = world.capacity, world.port, world.provider
+    claims, nodes, state = world.claims, world.nodes, world.state
     assert [c.name for c in capacity.controllers] == [
         "provisioner", "compactor", "provisioned-launch", "provisioned-registration",
         "provisioned-termination", "provisioned-garbagecollection"]
