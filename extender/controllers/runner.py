@@ -73,10 +73,6 @@ class Wake:
     def __call__(self, *_: Any) -> None:
         self.event.set()
 
-    def later(self, seconds: float) -> None:
-        """Set in ``seconds`` (on the running loop)."""
-        asyncio.get_running_loop().call_later(seconds, self.event.set)
-
 
 class KeyedQueue(Generic[V]):
     """Work per key, first in first out; adding a key already queued replaces its value in place."""
