@@ -7,15 +7,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from kubernetes import client
-
 from extender.controllers import capacity
 from extender.controllers.capacity.config import CapacityConfig
-from extender.controllers.wiring import Deps
-from extender.kube.aio import AsyncKube
-from extender.kube.events import EventRecorder
-from extender.kube.informer import Informers
-from extender.kube.pods import KubePodApi
 from extender.kube.resources import (
     GPU_NODE_CLAIMS,
     GPU_NODE_CLASSES,
@@ -23,22 +16,7 @@ from extender.kube.resources import (
     NODECLAIMS,
     TENSOR_FUSION_CLUSTERS,
 )
-from extender.scheduling.state import ClusterState, InventorySource
-from extender.server.metrics import Metrics
-from extender.service import build_core_caches
-
-
-def _deps() -> Deps:
-    configuration = client.Configuration()
-    configuration.host = "http://127.0.0.1:1"
-    api_client = client.ApiClient(configuration)
-    state = ClusterState()
-    informers = Informers(api_client)
-    kube = AsyncKube.from_api_client(api_client)
-    return Deps(api_client=api_client, kube=kube, state=state, informers=informers,
-                core=build_core_caches(informers, state, InventorySource.AUTO),
-                recorder=EventRecorder(api_client, "test", kube=kube), metrics=Metrics(),
-                pod_api=KubePodApi(kube), pdb=None)
+from tests.unit.fixtures.wiring import deps as make_deps
 
 
 def test_the_default_is_off() -> None:
@@ -54,7 +32,7 @@ def test_options_parse() -> None:
 
 
 async def test_off_it_builds_nothing_and_watches_nothing() -> None:
-    deps = _deps()
+    deps = make_deps()
     before = list(deps.informers.caches())
     assert capacity.build(deps, capacity.DEFAULT) is None
     assert list(deps.informers.caches()) == before
@@ -62,7 +40,7 @@ async def test_off_it_builds_nothing_and_watches_nothing() -> None:
 
 
 async def test_on_its_caches_are_the_factory_s_shared_ones() -> None:
-    deps = _deps()
+    deps = make_deps()
     informers = deps.informers
     # what the expansion, tfcluster and gpunode packages ask for: the same cache objects
     nodeclaims = informers.cache(NODECLAIMS, optional=True, name="nodeclaims")

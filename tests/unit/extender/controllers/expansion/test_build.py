@@ -8,35 +8,14 @@ import dataclasses
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 from extender.controllers import expansion
 from extender.controllers.expansion.config import ExpansionConfig
 from extender.controllers.expansion.provisioner import AutoscalerConfig
 from extender.controllers.expansion.reservations import ReservationKeeper
 from extender.controllers.expansion.worker import Expander
-from extender.controllers.wiring import Deps
-from extender.kube.aio import AsyncKube
-from extender.kube.events import EventRecorder
-from extender.kube.informer import Informers
-from extender.kube.pods import KubePodApi
 from extender.kube.resources import NODECLAIMS
-from extender.scheduling.state import ClusterState, InventorySource
-from extender.server.metrics import Metrics
-from extender.service import build_core_caches
-
-
-def _deps() -> Deps:
-    configuration = client.Configuration()
-    configuration.host = "http://127.0.0.1:1"
-    api_client = client.ApiClient(configuration)
-    state = ClusterState()
-    informers = Informers(api_client)
-    kube = AsyncKube.from_api_client(api_client)
-    return Deps(api_client=api_client, kube=kube, state=state, informers=informers,
-                core=build_core_caches(informers, state, InventorySource.AUTO),
-                recorder=EventRecorder(api_client, "test", kube=kube), metrics=Metrics(),
-                pod_api=KubePodApi(kube), pdb=None)
+from tests.unit.fixtures.wiring import deps as make_deps
 
 
 def test_the_default_is_what_the_service_settings_gave() -> None:
@@ -56,7 +35,7 @@ def test_options_parse_to_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_built_with_everything_on() -> None:
-    deps = _deps()
+    deps = make_deps()
     built = expansion.build(deps, expansion.DEFAULT)
     assert built is not None
     assert [(c.name, c.leader_only) for c in built.controllers] == [
@@ -78,7 +57,7 @@ async def test_built_with_everything_on() -> None:
 
 
 async def test_reservations_run_without_expansion_and_nothing_runs_with_both_off() -> None:
-    deps = _deps()
+    deps = make_deps()
     only = dataclasses.replace(expansion.DEFAULT, expansion=ExpansionConfig(enabled=False))
     built = expansion.build(deps, only)
     assert built is not None and [c.name for c in built.controllers] == ["gpu-reservations"]
@@ -86,6 +65,6 @@ async def test_reservations_run_without_expansion_and_nothing_runs_with_both_off
     assert "nodeclaims" not in [c.name for c in deps.informers.caches()]
     await deps.kube.close()
     off: Any = dataclasses.replace(only, autoscaler=AutoscalerConfig(reservations=False))
-    deps = _deps()
+    deps = make_deps()
     assert expansion.build(deps, off) is None
     await deps.kube.close()
