@@ -8,9 +8,9 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from prometheus_client import CollectorRegistry, Counter
@@ -31,6 +31,8 @@ from extender.planning.pool import PoolConfig, pool_config
 from extender.scheduling.inventory import object_name
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 RETEST_SECONDS = 30.0  # a failed connection test is tried again this often
 
@@ -136,6 +138,13 @@ class Cloud:
             return VendorChoice(read_vendor_file(path), source)
         except (OSError, yaml.YAMLError) as exc:
             return VendorChoice(VendorConfig("", problems=(f"{source}: {exc}",)), source)
+
+    async def turn(self, step: Callable[[Picture], Awaitable[T]]) -> T | None:
+        """One sub-reconciler's pass: ``step`` on the current picture, one pass at a time (two never build one
+        provider, nor act on one claim, at once); None, without ``step``, when there is nothing to do."""
+        async with self.lock:
+            picture = await self.picture()
+            return None if picture is None else await step(picture)
 
     async def picture(self) -> Picture | None:
         """The Provisioned pools and claims and their providers (the providers no one uses any more are

@@ -10,7 +10,7 @@ import time
 
 from extender.cloud.provider import CloudError, Provider
 from extender.common.contract import POOL_LABEL
-from extender.controllers.capacity.provisioned.cloud import Cloud
+from extender.controllers.capacity.provisioned.cloud import Cloud, Picture
 from extender.controllers.capacity.vendors import VendorKey
 from extender.scheduling.inventory import object_name
 
@@ -24,13 +24,12 @@ class GarbageCollection:
         self.cloud = cloud
 
     async def reconcile(self, now: dt.datetime) -> None:
-        async with self.cloud.lock:
-            picture = await self.cloud.picture()
-            if picture is None:
-                return
-            for key, provider in picture.providers.items():
-                if provider is not None:
-                    await self._sweep(key, provider, now)
+        await self.cloud.turn(lambda picture: self._pass(picture, now))
+
+    async def _pass(self, picture: Picture, now: dt.datetime) -> None:
+        for key, provider in picture.providers.items():
+            if provider is not None:
+                await self._sweep(key, provider, now)
 
     async def _sweep(self, key: VendorKey, provider: Provider, now: dt.datetime) -> None:
         """Once per distinct provider: the VMs tagged for this cluster that no GPUNodeClaim owns."""

@@ -26,7 +26,7 @@ from extender.controllers.capacity.gpunodeclaim import (
 )
 from extender.controllers.capacity.launch_plan import LaunchPayload, plan_launches
 from extender.controllers.capacity.port import write_condition
-from extender.controllers.capacity.provisioned.cloud import Cloud
+from extender.controllers.capacity.provisioned.cloud import Cloud, Picture
 from extender.controllers.capacity.vendors import VendorChoice, VendorKey, recorded_text
 from extender.kube.client import error_message
 from extender.kube.resources import GPU_NODE_CLAIMS, GPU_NODE_CLASSES
@@ -47,26 +47,25 @@ class Launch:
         self.cloud = cloud
 
     async def reconcile(self, now: dt.datetime) -> list[Action]:
+        return await self.cloud.turn(lambda picture: self._pass(picture, now)) or []
+
+    async def _pass(self, picture: Picture, now: dt.datetime) -> list[Action]:
         cloud = self.cloud
-        async with cloud.lock:
-            picture = await cloud.picture()
-            if picture is None:
-                return []
-            problems = picture.vendor_problems(cloud)
-            classes: dict[str, NodeClass] = {}
-            for config in [c for c in picture.configs if c.name not in problems]:
-                problem = self._node_class_problem(config, classes)
-                held = cloud.held.get(config.name)
-                if problem is None and held is not None and held[0] > time.monotonic():
-                    problem = ("LaunchFailed", held[1])
-                if problem is not None:
-                    problems[config.name] = problem
-            ready = [c for c in picture.configs if c.name not in problems]
-            actions = await self._launches(ready, classes, picture.pool_choice, picture.providers, now,
-                                           problems)
-            for config in picture.configs:
-                await self._condition(config, picture.pool_choice[config.name], problems.get(config.name))
-            return actions
+        problems = picture.vendor_problems(cloud)
+        classes: dict[str, NodeClass] = {}
+        for config in [c for c in picture.configs if c.name not in problems]:
+            problem = self._node_class_problem(config, classes)
+            held = cloud.held.get(config.name)
+            if problem is None and held is not None and held[0] > time.monotonic():
+                problem = ("LaunchFailed", held[1])
+            if problem is not None:
+                problems[config.name] = problem
+        ready = [c for c in picture.configs if c.name not in problems]
+        actions = await self._launches(ready, classes, picture.pool_choice, picture.providers, now,
+                                       problems)
+        for config in picture.configs:
+            await self._condition(config, picture.pool_choice[config.name], problems.get(config.name))
+        return actions
 
     def _node_class_problem(
         self, config: PoolConfig, classes: dict[str, NodeClass]

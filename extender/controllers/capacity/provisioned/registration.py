@@ -18,7 +18,7 @@ from extender.cloud.provider import CloudError, Provider
 from extender.common.contract import POOL_LABEL
 from extender.common.labels import GFD_COUNT, GFD_MEMORY, GFD_PRODUCT, NODE_PROVISIONER
 from extender.controllers.capacity.gpunodeclaim import BOUND, claim_phase, label_value
-from extender.controllers.capacity.provisioned.cloud import Cloud, created_at
+from extender.controllers.capacity.provisioned.cloud import Cloud, Picture, created_at
 from extender.controllers.capacity.provisioned.launch import create_instance
 from extender.controllers.capacity.vendors import VendorChoice
 from extender.kube.client import error_message
@@ -41,19 +41,18 @@ class Registration:
         self.cloud = cloud
 
     async def reconcile(self, now: dt.datetime) -> None:
-        async with self.cloud.lock:
-            picture = await self.cloud.picture()
-            if picture is None:
-                return
-            problems = picture.vendor_problems(self.cloud)
-            by_pool = {c.name: c for c in picture.configs if c.name not in problems}
-            for claim in picture.claims:
-                owner = by_pool.get(claim_pool(claim))
-                choice = picture.claim_choice[object_name(claim)]
-                provider = picture.providers[choice.key]
-                if owner is not None and provider is not None and \
-                        not (claim.get("metadata") or {}).get("deletionTimestamp"):
-                    await self._sync(claim, owner, choice, provider, now)
+        await self.cloud.turn(lambda picture: self._pass(picture, now))
+
+    async def _pass(self, picture: Picture, now: dt.datetime) -> None:
+        problems = picture.vendor_problems(self.cloud)
+        by_pool = {c.name: c for c in picture.configs if c.name not in problems}
+        for claim in picture.claims:
+            owner = by_pool.get(claim_pool(claim))
+            choice = picture.claim_choice[object_name(claim)]
+            provider = picture.providers[choice.key]
+            if owner is not None and provider is not None and \
+                    not (claim.get("metadata") or {}).get("deletionTimestamp"):
+                await self._sync(claim, owner, choice, provider, now)
 
     async def _sync(
         self, claim: dict[str, Any], config: PoolConfig, choice: VendorChoice, provider: Provider,

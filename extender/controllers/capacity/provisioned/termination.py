@@ -12,7 +12,7 @@ from typing import Any
 
 from extender.cloud.provider import CloudError, Instance, Provider
 from extender.common.labels import PROVISIONED_FINALIZER
-from extender.controllers.capacity.provisioned.cloud import Cloud
+from extender.controllers.capacity.provisioned.cloud import Cloud, Picture
 from extender.controllers.capacity.vendors import VendorChoice
 from extender.kube.client import error_message
 from extender.kube.resources import GPU_NODE_CLAIMS, NODES
@@ -28,18 +28,17 @@ class Termination:
         self.cloud = cloud
 
     async def reconcile(self, now: dt.datetime) -> None:
+        await self.cloud.turn(lambda picture: self._pass(picture, now))
+
+    async def _pass(self, picture: Picture, now: dt.datetime) -> None:
         cloud = self.cloud
-        async with cloud.lock:
-            picture = await cloud.picture()
-            if picture is None:
-                return
-            # a claim that went without us (its finalizer removed by hand) takes its reported reason with it
-            cloud.unfinalized = {k: v for k, v in cloud.unfinalized.items() if k in picture.claim_choice}
-            for claim in picture.claims:
-                meta = claim.get("metadata") or {}
-                if meta.get("deletionTimestamp") and PROVISIONED_FINALIZER in (meta.get("finalizers") or []):
-                    choice = picture.claim_choice[object_name(claim)]
-                    await self._finalize(claim, choice, picture.providers[choice.key])
+        # a claim that went without us (its finalizer removed by hand) takes its reported reason with it
+        cloud.unfinalized = {k: v for k, v in cloud.unfinalized.items() if k in picture.claim_choice}
+        for claim in picture.claims:
+            meta = claim.get("metadata") or {}
+            if meta.get("deletionTimestamp") and PROVISIONED_FINALIZER in (meta.get("finalizers") or []):
+                choice = picture.claim_choice[object_name(claim)]
+                await self._finalize(claim, choice, picture.providers[choice.key])
 
     async def _finalize(
         self, claim: Mapping[str, Any], choice: VendorChoice, provider: Provider | None
