@@ -229,8 +229,8 @@ class FakeApiServer:
         return web.json_response({"metadata": {"resourceVersion": "1"}, "items": items})
 
 
-async def test_service_becomes_ready_after_sync_serves_and_stops_cleanly(aiohttp_server: Any,
-                                                                          unused_tcp_port: int) -> None:
+async def _served(aiohttp_server: Any) -> tuple[FakeApiServer, client.Configuration]:
+    """A ``FakeApiServer`` on loopback, and a client configuration that reaches it."""
     fake = FakeApiServer()
     app = web.Application()
     app.router.add_get("/api/v1/{plural}", fake.collection)
@@ -238,6 +238,12 @@ async def test_service_becomes_ready_after_sync_serves_and_stops_cleanly(aiohttp
     server = await aiohttp_server(app)
     configuration = client.Configuration()
     configuration.host = str(server.make_url("")).rstrip("/")
+    return fake, configuration
+
+
+async def test_service_becomes_ready_after_sync_serves_and_stops_cleanly(aiohttp_server: Any,
+                                                                          unused_tcp_port: int) -> None:
+    fake, configuration = await _served(aiohttp_server)
     service = ExtenderService(client.ApiClient(configuration),
                               Settings(port=unused_tcp_port, inventory=InventorySource.AUTO,
                                        shutdown_timeout=2))
@@ -282,13 +288,7 @@ async def test_service_serves_https_from_the_cert_dir(aiohttp_server: Any, unuse
 
     ca = generate_ca()
     write_serving(tmp_path, ca.cert_pem, issue_serving_cert(ca, ip_addresses=["127.0.0.1"]))
-    fake = FakeApiServer()
-    app = web.Application()
-    app.router.add_get("/api/v1/{plural}", fake.collection)
-    app.router.add_get("/apis/{group}/{version}/{plural}", fake.collection)
-    server = await aiohttp_server(app)
-    configuration = client.Configuration()
-    configuration.host = str(server.make_url("")).rstrip("/")
+    fake, configuration = await _served(aiohttp_server)
     service = ExtenderService(client.ApiClient(configuration),
                               Settings(port=unused_tcp_port, cert_dir=str(tmp_path), shutdown_timeout=2))
     stop = asyncio.Event()
