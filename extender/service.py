@@ -122,7 +122,6 @@ class ExtenderService:
         self._synced = False
         self.recorder = EventRecorder(api_client, COMPONENT, kube=self.kube)
         pod_api = KubePodApi(self.kube)
-        self.binder = Binder(self.state, self.core.pods, pod_api, self.recorder, self.metrics)
         self.pdb: PdbGuard | None = None
         self.ready_caches: tuple[WatchCache, ...] = self.core.all
         if settings.of(preemptor):
@@ -148,8 +147,11 @@ class ExtenderService:
         self.leadership = (Leadership.of(api_client, settings.lease_namespace)
                            if any(c.leader_only for c in self.controllers) else None)
         self.runner = Runner(self.leadership, ControllerMetrics(self.metrics.registry))
+        verb_hooks = FilterHooks(all_hooks)
+        self.binder = Binder(self.state, self.core.pods, pod_api, self.recorder, self.metrics,
+                             hooks=verb_hooks)
         self.handlers = Handlers(self.state, self.binder, self.metrics, unsynced=self.unsynced,
-                                 hooks=FilterHooks(all_hooks), deadline=settings.deadline,
+                                 hooks=verb_hooks, deadline=settings.deadline,
                                  bind_deadline=settings.bind_deadline,
                                  first_choice_only=settings.filter_first_choice, pdb=self.pdb)
         self.metrics.on_scrape(self.refresh_gauges)

@@ -146,7 +146,10 @@ class Handlers:
                 return _json(filter_error(str(exc)).wire()), "bad_request"
             if (problem := self._not_ready()) is not None:
                 return _json(filter_error(problem).wire()), "not_ready"
-            outcome = self.state.filter(args.pod, args.candidate_names())
+            names = args.candidate_names()
+            outcome = self.hooks.before_filter(args.pod, names)
+            if outcome is None:
+                outcome = self.state.filter(args.pod, names)
             self.metrics.count_rejections([*outcome.failed.values(), *outcome.unresolvable.values()])
             self.hooks.after_filter(args.pod, outcome)
             outcome = self.hooks.narrow(args.pod, outcome)

@@ -44,6 +44,7 @@ from extender.kube.client import error_message, error_status, not_found
 from extender.kube.pods import PodApi
 from extender.scheduling.state import pod_index
 from extender.server.confirm import hold_until_confirmed
+from extender.server.hooks import FilterHooks
 from extender.server.metrics import Metrics
 from extender.server.protocol import ExtenderBindingArgs
 
@@ -112,7 +113,7 @@ class Binder:
     def __init__(self, state: BindState, pods: PodLookup, api: PodApi, events: EventSink,
                  metrics: Metrics | None = None, *, index_poll: float = 1.0, index_wait: float = 600.0,
                  settle_grace: float = 60.0, retry_delay: float = 0.2, max_retry_delay: float = 5.0,
-                 confirm_interval: float = 30.0) -> None:
+                 confirm_interval: float = 30.0, hooks: FilterHooks | None = None) -> None:
         self.state = state
         self.pods = pods
         self.api = api
@@ -122,6 +123,7 @@ class Binder:
         self.index_wait = index_wait
         self.settle_grace = settle_grace  # then a pod the watch has not shown bound yet is read
         self.confirm_interval = confirm_interval
+        self.hooks = hooks or FilterHooks()  # the controllers' parts in the verbs (server/hooks.py): admit
         self.retry_delay = retry_delay
         self.max_retry_delay = max_retry_delay
         self._running: dict[str, tuple[str, asyncio.Task[str]]] = {}  # pod uid -> (node, bind)
@@ -204,6 +206,8 @@ class Binder:
 
     async def _bind(self, pod: dict[str, Any], args: ExtenderBindingArgs) -> str:
         ns, name, uid, node = args.pod_namespace, args.pod_name, _uid(pod), args.node
+        if reason := self.hooks.admit(pod, node):
+            return f"cannot place pod {ns}/{name} on node {node}: {reason}"
         try:
             reservation = self.state.reserve(pod, node)
         except Exception as exc:  # PlacementError, or a pod whose request no longer parses

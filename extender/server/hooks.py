@@ -1,8 +1,12 @@
 """The filter verb's extension points, one method each (kube-scheduler's one interface per point).
 
-The filter computes its outcome from the cluster state, then calls, in this order, on every hook of the
-controller list (a hook leaves alone the points it has no use for):
+The filter asks, in this order, every hook of the controller list (a hook leaves alone the points it has no
+use for):
 
+0. ``before_filter(pod, node_names) -> outcome | None``: a rule that holds for the pod wherever it would go
+   (a namespace's quota, a gang waiting for its members or pinned to its reservations) may answer for the
+   cluster state. The first hook with an answer gives the outcome; without one the filter computes it from
+   the cluster state. The points below see that outcome either way.
 1. ``after_filter(pod, outcome)``: sees the full outcome (which nodes fit, which failed and why) and may
    queue work from it (preemption, scale-up, a scheduler nudge). It returns nothing and changes nothing; one
    that raises is logged and the others still run.
@@ -11,6 +15,12 @@ controller list (a hook leaves alone the points it has no use for):
 3. ``hold_back(pod) -> reason | None``: asked only when no node fits; a reason turns "no node fits" into an
    error, so kube-scheduler retries the pod with backoff instead of parking it (preemption making room).
    The first hook with a reason answers.
+
+The bind verb asks one point:
+
+- ``admit(pod, node) -> reason | None``: asked after the pod's bind is decided and before its GPUs are
+  reserved, with no await between the two, so what a hook checks against the ledger still holds when the
+  reservation is made (a quota's total). A reason refuses the bind; kube-scheduler retries the pod.
 """
 
 from __future__ import annotations
@@ -26,7 +36,10 @@ log = logging.getLogger(__name__)
 
 
 class FilterHook:
-    """A controller's part in the filter verb. Override the points used; the others do nothing."""
+    """A controller's part in the filter and bind verbs. Override the points used; the others do nothing."""
+
+    def before_filter(self, pod: dict[str, Any], node_names: Sequence[str]) -> FilterOutcome | None:
+        return None
 
     def after_filter(self, pod: dict[str, Any], outcome: FilterOutcome) -> None:
         return None
@@ -37,15 +50,26 @@ class FilterHook:
     def hold_back(self, pod: dict[str, Any]) -> str | None:
         return None
 
+    def admit(self, pod: dict[str, Any], node: str) -> str | None:
+        return None
+
 
 class FilterHooks:
     """The hooks of every controller, called as the module docstring says."""
 
     def __init__(self, hooks: Sequence[FilterHook] = ()) -> None:
         cls = FilterHook
+        self._before = [h for h in hooks if type(h).before_filter is not cls.before_filter]
         self._after = [h for h in hooks if type(h).after_filter is not cls.after_filter]
         self._narrow = [h for h in hooks if type(h).narrow is not cls.narrow]
         self._hold = [h for h in hooks if type(h).hold_back is not cls.hold_back]
+        self._admit = [h for h in hooks if type(h).admit is not cls.admit]
+
+    def before_filter(self, pod: dict[str, Any], node_names: Sequence[str]) -> FilterOutcome | None:
+        for hook in self._before:
+            if (outcome := hook.before_filter(pod, node_names)) is not None:
+                return outcome
+        return None
 
     def after_filter(self, pod: dict[str, Any], outcome: FilterOutcome) -> None:
         for hook in self._after:
@@ -62,5 +86,11 @@ class FilterHooks:
     def hold_back(self, pod: dict[str, Any]) -> str | None:
         for hook in self._hold:
             if reason := hook.hold_back(pod):
+                return reason
+        return None
+
+    def admit(self, pod: dict[str, Any], node: str) -> str | None:
+        for hook in self._admit:
+            if reason := hook.admit(pod, node):
                 return reason
         return None

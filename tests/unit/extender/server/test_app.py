@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -11,11 +12,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from extender.controllers.preemptor import Preemptor
-from extender.scheduling.state import ClusterState, Kind
+from extender.scheduling.state import ClusterState, FilterOutcome, Kind
 from extender.server.app import Handlers, create_app
 from extender.server.binder import Binder
-from extender.server.hooks import FilterHooks
+from extender.server.hooks import FilterHook, FilterHooks
 from extender.server.metrics import Metrics
+from extender.server.protocol import ExtenderBindingArgs
 from tests.unit.fixtures.fakes import POOL, Events, FakeApi, Pods, gpu
 
 
@@ -319,3 +321,42 @@ async def test_preempt_reports_the_pdb_violations_it_cannot_avoid(aiohttp_client
                                                 "NodeNameToMetaVictims": {"n1": {"Pods": []}}})
     assert status == 200
     assert body["NodeNameToMetaVictims"] == {"n1": {"Pods": [{"UID": "u-low"}], "NumPDBViolations": 1}}
+
+
+class _Answering(FilterHook):
+    """A rule that holds for the pod wherever it goes: answers the filter, refuses the bind of pod 'a'."""
+
+    def __init__(self) -> None:
+        self.seen: list[FilterOutcome] = []
+
+    def before_filter(self, pod: dict[str, Any], node_names: Sequence[str]) -> FilterOutcome | None:
+        if pod["metadata"]["name"] != "a":
+            return None
+        return FilterOutcome([], {}, dict.fromkeys(node_names, "namespace ml is over its quota"), None, False)
+
+    def after_filter(self, pod: dict[str, Any], outcome: FilterOutcome) -> None:
+        self.seen.append(outcome)
+
+    def admit(self, pod: dict[str, Any], node: str) -> str | None:
+        return "namespace ml is over its quota" if pod["metadata"]["name"] == "a" else None
+
+
+async def test_a_hook_answers_the_filter_and_the_others_see_its_answer(world: World,
+                                                                      aiohttp_client: Any) -> None:
+    hook = _Answering()
+    world.handlers.hooks = FilterHooks([hook])
+    http = await aiohttp_client(create_app(world.handlers))
+    _, body = await post(http, "filter", {"Pod": wire_pod("a", "u-a"), "NodeNames": ["n1", "n2"]})
+    assert body["NodeNames"] == [] and body["FailedAndUnresolvableNodes"] == {
+        "n1": "namespace ml is over its quota", "n2": "namespace ml is over its quota"}
+    assert hook.seen[-1].unresolvable == body["FailedAndUnresolvableNodes"]
+    _, other = await post(http, "filter", {"Pod": wire_pod("b", "u-b"), "NodeNames": ["n1", "n2"]})
+    assert other["NodeNames"] == ["n1", "n2"]  # no answer from the hook: the cluster state's
+
+
+async def test_a_hook_refuses_a_bind_before_any_gpu_is_reserved(world: World) -> None:
+    world.binder.hooks = FilterHooks([_Answering()])
+    world.add_pod(wire_pod("a", "u-a"))
+    error = await world.binder.bind(ExtenderBindingArgs.model_validate(BIND_A))
+    assert error == "cannot place pod ml/a on node n1: namespace ml is over its quota"
+    assert world.state.reservation("u-a") is None and world.api.calls == []
