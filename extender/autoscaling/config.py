@@ -8,14 +8,13 @@ condition can say which field was ignored; TensorFusion only logs it.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from extender.common.cron import CronError, CronSchedule
 from extender.common.quantity import QuantityError, parse_quantity
-from extender.common.timefmt import parse_duration
 
 NS = 10**9
 DEFAULT_HISTORY_PERIOD_NS = 2 * 3600 * NS
@@ -23,7 +22,6 @@ DEFAULT_INITIAL_DELAY_NS = 30 * 60 * NS
 MAX_HISTORY_PERIOD_NS = 30 * 86400 * NS  # TensorFusion's limit on historyDataPeriod
 QOS_LEVELS = ("low", "medium", "high", "critical")
 TARGETS = ("all", "compute", "vram")
-CRON_TZ_PREFIXES = ("CRON_TZ=", "TZ=")
 
 
 @dataclass(frozen=True)
@@ -103,6 +101,11 @@ class AutoSetResources:
     initial_delay_ns: int
     interval_ns: int = 0  # autoSetResources.interval: how often the workload is evaluated; 0: every pass
 
+    @property
+    def read_history_ns(self) -> int:
+        """How far back usage is read when the workload is first seen: the period, at most 30 days."""
+        return min(self.history_period_ns, MAX_HISTORY_PERIOD_NS)
+
     def scales(self, resource: str) -> bool:
         """Whether a resize may move ``resource`` ("compute" or "vram")."""
         return self.enable and self.target in ("all", resource)
@@ -111,10 +114,8 @@ class AutoSetResources:
 @dataclass(frozen=True)
 class CronRule:
     name: str
-    start: CronSchedule
+    start: CronSchedule  # each with its CRON_TZ= zone, if any (else the controller's configured zone)
     end: CronSchedule
-    start_zone: str | None  # a CRON_TZ=/TZ= prefix; None: the controller's configured zone
-    end_zone: str | None
     desired: Resources
     raw: dict[str, Any]
 
@@ -153,16 +154,76 @@ def parse_config(obj: Any, path: str = BASE) -> AutoScalingConfig:
     return AutoScalingConfig(auto_set, rules, external, tuple(problems))
 
 
-def _duration(raw: Any, default_ns: int, where: str, problems: list[str]) -> int:
+_GO_UNITS_NS = {"ns": 1, "us": 1000, "\u00b5s": 1000, "\u03bcs": 1000, "ms": 10**6, "s": NS, "m": 60 * NS,
+                "h": 3600 * NS}
+_GO_DURATION_PART = re.compile(r"([0-9]*)(?:\.([0-9]*))?([^0-9.]*)")
+
+
+def go_duration_ns(text: str) -> int:
+    """Go's ``time.ParseDuration`` (TensorFusion reads every duration of autoScalingConfig with it), in
+    nanoseconds: an optional sign, then number-unit parts (``1h30m``, ``1.5h``, ``300ms``), or a bare
+    ``0``; no spaces. ``ValueError`` for anything Go refuses."""
+    rest, negative = text, False
+    if rest[:1] in ("-", "+"):
+        negative, rest = rest[0] == "-", rest[1:]
+    if rest == "0":
+        return 0
+    if not rest:
+        raise ValueError(f"{text!r} is not a duration")
+    total = 0
+    while rest:
+        match = _GO_DURATION_PART.match(rest)
+        assert match is not None  # every group may be empty
+        whole, fraction, unit = match.group(1), match.group(2), match.group(3)
+        if not whole and not fraction:
+            raise ValueError(f"{text!r} is not a duration")
+        if unit not in _GO_UNITS_NS:
+            raise ValueError(f"{text!r}: {'missing' if not unit else 'unknown'} unit {unit!r}")
+        scale = _GO_UNITS_NS[unit]
+        value = int(whole or "0") * scale
+        if fraction:
+            digits = fraction[:18].rstrip("0") or "0"
+            value += int(float(int(digits)) * (float(scale) / 10 ** len(digits)))
+        total += value
+        if total > 2**63 - (0 if negative else 1):
+            raise ValueError(f"{text!r} is out of range")
+        rest = rest[match.end():]
+    return -total if negative else total
+
+
+_GO_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_GO_HEX = re.compile(r"[+-]?0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)[pP][+-]?[0-9]+")
+_GO_SPECIAL = re.compile(r"[+-]?(?:inf|infinity)|nan", re.IGNORECASE)
+
+
+def go_float(text: str) -> float:
+    """Go's ``strconv.ParseFloat(text, 64)`` as TensorFusion reads autoSetResources' numbers: no spaces,
+    no digit underscores, hex floats need a ``p`` exponent, out of range is an error."""
+    if _GO_SPECIAL.fullmatch(text):
+        return float(text)
+    if _GO_HEX.fullmatch(text):
+        value = float.fromhex(text)
+    elif _GO_DECIMAL.fullmatch(text):
+        value = float(text)
+    else:
+        raise ValueError(f"{text!r} is not a number")
+    if math.isinf(value):
+        raise ValueError(f"{text!r} is out of range")
+    return value
+
+
+def _duration(raw: Any, default_ns: int, where: str, problems: list[str], *, positive: bool = False) -> int:
+    """A duration as TensorFusion reads it: empty is the default; what Go cannot read is named and the
+    default used (TensorFusion logs it); zero and negative values are kept (a delay of ``0s`` is none)
+    unless ``positive`` (where TensorFusion divides by the value or cannot start a ticker with it)."""
     if raw in (None, ""):
         return default_ns
     try:
-        value = parse_duration(str(raw))
+        ns = go_duration_ns(str(raw))
     except ValueError:
         problems.append(f"{where}: {raw!r} is not a duration (like 30m or 2h); using the default")
         return default_ns
-    ns = (value.days * 86400 + value.seconds) * NS + value.microseconds * 1000
-    if ns <= 0:
+    if positive and ns <= 0:
         problems.append(f"{where}: {raw!r} must be positive; using the default")
         return default_ns
     return ns
@@ -181,10 +242,7 @@ def _auto_set(obj: Any, path: str, problems: list[str]) -> AutoSetResources | No
         if raw in (None, ""):
             continue
         try:
-            text = str(raw).strip()
-            if "_" in text:  # Python reads 1_0 as 10; Go's ParseFloat, as TensorFusion uses it, does not
-                raise ValueError(text)
-            value = float(text)
+            value = go_float(str(raw))
         except ValueError:
             problems.append(f"{path}.{key}: {raw!r} is not a number; using the default "
                             f"{getattr(defaults, attr)}")
@@ -199,12 +257,10 @@ def _auto_set(obj: Any, path: str, problems: list[str]) -> AutoSetResources | No
         problems.append(f"{path}.targetResource: {obj.get('targetResource')!r} is not one of "
                         f"{', '.join(TARGETS)}; nothing is resized")
         target = ""
+    # the histograms' half-life is half of the period, however long; only the history read at start is
+    # capped at 30 days (``read_history_ns``), as TensorFusion's workload handler and metrics loader do
     history = _duration(obj.get("historyDataPeriod"), DEFAULT_HISTORY_PERIOD_NS, f"{path}.historyDataPeriod",
-                        problems)
-    if history > MAX_HISTORY_PERIOD_NS:
-        problems.append(f"{path}.historyDataPeriod: {obj.get('historyDataPeriod')!r} is longer than 30 days; "
-                        "using 30 days")
-        history = MAX_HISTORY_PERIOD_NS
+                        problems, positive=True)
     return AutoSetResources(
         enable=obj.get("enable") is True,
         target=target,
@@ -212,18 +268,8 @@ def _auto_set(obj: Any, path: str, problems: list[str]) -> AutoSetResources | No
         history_period_ns=history,
         initial_delay_ns=_duration(obj.get("initialDelayPeriod"), DEFAULT_INITIAL_DELAY_NS,
                                    f"{path}.initialDelayPeriod", problems),
-        interval_ns=_duration(obj.get("interval"), 0, f"{path}.interval", problems),
+        interval_ns=_duration(obj.get("interval"), 0, f"{path}.interval", problems, positive=True),
     )
-
-
-def split_zone(text: str) -> tuple[str | None, str]:
-    """``CRON_TZ=Europe/Berlin 0 9 * * 1-5`` -> ("Europe/Berlin", "0 9 * * 1-5"), as robfig/cron reads it."""
-    stripped = text.strip()
-    for prefix in CRON_TZ_PREFIXES:
-        if stripped.startswith(prefix):
-            zone, _, rest = stripped[len(prefix):].partition(" ")
-            return zone, rest.strip()
-    return None, stripped
 
 
 def _cron_rules(obj: Any, path: str, problems: list[str]) -> tuple[CronRule, ...]:
@@ -246,20 +292,14 @@ def _cron_rules(obj: Any, path: str, problems: list[str]) -> tuple[CronRule, ...
             continue
         parsed = []
         for key in ("start", "end"):
-            zone, expression = split_zone(str(raw[key]))
-            try:
-                if zone is not None:
-                    ZoneInfo(zone)
-                parsed.append((zone, CronSchedule.parse(expression)))
+            try:  # the whole string, CRON_TZ= prefix included, as TensorFusion's parser reads it
+                parsed.append(CronSchedule.parse(str(raw[key])))
             except CronError as err:
                 problems.append(f"{where}.{key}: {raw[key]!r}: {err}; rule ignored")
-            except (ValueError, KeyError, OSError):
-                problems.append(f"{where}.{key}: {zone!r} is not an IANA time zone; rule ignored")
         if len(parsed) != 2:
             continue
         desired = Resources.from_json(raw.get("desiredResources"), f"{where}.desiredResources", problems)
-        rules.append(CronRule(str(raw["name"]), parsed[0][1], parsed[1][1], parsed[0][0], parsed[1][0],
-                              desired, raw))
+        rules.append(CronRule(str(raw["name"]), parsed[0], parsed[1], desired, raw))
     return tuple(rules)
 
 

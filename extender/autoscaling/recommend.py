@@ -217,20 +217,24 @@ class CronState:
     desired: Resources
 
 
-def _next(schedule: CronSchedule, zone_name: str | None, default_zone: ZoneInfo,
-          now: dt.datetime) -> dt.datetime:
-    zone = ZoneInfo(zone_name) if zone_name else default_zone
-    found = schedule.next_fire(now, zone)
-    return found if found is not None else dt.datetime.max.replace(tzinfo=dt.UTC)
+def _next(schedule: CronSchedule, default_zone: ZoneInfo, now: dt.datetime) -> dt.datetime | None:
+    return schedule.next(now, schedule.resolve_zone(default_zone))
 
 
 def active_rule(rules: Sequence[CronRule], now: dt.datetime,
                 default_zone: ZoneInfo) -> tuple[CronRule | None, str]:
-    """The rule whose window holds ``now`` (its next end comes before its next start), and an error when
-    more than one does (TensorFusion permits one; none is then active)."""
-    active = [r for r in rules
-              if _next(r.end, r.end_zone, default_zone, now)
-              <= _next(r.start, r.start_zone, default_zone, now)]
+    """The rule active at ``now``, and an error when more than one is (TensorFusion permits one; none is
+    then active). TensorFusion's test (``getActiveCronScalingRule`` in ``cron_recommender.go``), with
+    robfig's ``Next`` (None: its zero time, earlier than any time): a rule is active when its next end
+    comes no later than its next start, or when its start never fires again."""
+    active = []
+    for rule in rules:
+        start, end = _next(rule.start, default_zone, now), _next(rule.end, default_zone, now)
+        # Go: if nextStart.Before(nextEnd) { now.After(nextStart) && now.Before(nextEnd) }
+        #     else { now.After(nextStart) || now.Before(nextEnd) }, both next times after now or zero
+        is_active = start is None or (end is not None and not start < end)
+        if is_active:
+            active.append(rule)
     if len(active) > 1:
         names = ", ".join(r.name for r in active)
         return None, f"only one active cron scaling rule is permitted at any given time (active: {names})"

@@ -105,8 +105,143 @@ def cases() -> list[dict[str, Any]]:
         out.append(case)
     young = dict(out[0], name="exact_initial_delay", creation_age_ns=0)
     out.append(young)
+    # initialDelayPeriod 0s is no delay (percentile_recommender.go reads it with time.ParseDuration)
+    no_delay = dict(out[1], name="exact_zero_initial_delay", creation_age_ns=0,
+                    auto_set_resources={**out[1]["auto_set_resources"], "initialDelayPeriod": "0s"})
+    out.append(no_delay)
+    out += _long_history_cases()
     return out
 
 
+def _long_history_cases() -> list[dict[str, Any]]:
+    """historyDataPeriod over 30 days: the half-life stays half the period (workload.go)."""
+    ticks = []
+    t = BASE_UNIX_S * 10**9
+    for day in range(25):
+        samples = []
+        for hour in range(24):
+            t += HOUR_NS
+            level = 10.0 if day < 20 else 30.0
+            samples.append({"worker": "w0", "tflops": level, "vram": (4 if hour else 6) * GI, "unix_ns": t})
+        ticks.append({"samples": samples})
+    asr = {"enable": True, "targetResource": "all", "targetComputePercentile": "0.72",
+           "lowerBoundComputePercentile": "0.72", "upperBoundComputePercentile": "0.9"}
+    resources = {"requests.tflops": "10", "limits.tflops": "10", "requests.vram": "8Gi", "limits.vram": "8Gi"}
+    return [{"name": f"exact_history_{period}", "qos": qos, "creation_age_ns": 10 * HOUR_NS,
+             "history_period": period, "resources": resources, "auto_set_resources": asr, "ticks": ticks}
+            for period, qos in (("1000h", "high"), ("2160h", "low"), ("720h", "high"))]
+
+
+# -- cron ------------------------------------------------------------------------------------------------
+
+CRON_ZONES = ("UTC", "America/New_York", "Europe/Berlin", "Australia/Lord_Howe", "Asia/Kolkata")
+# robfig's grammar at its edges, accepted and refused by TensorFusion's parser
+CRON_PARSE = [
+    "0 9 * * *", "0 9 ? * *", "0 9 * * ?", "? ? ? ? ?", "0 9 */2 * 1", "0 9 * * 1/2", "0 9 1,,15 * *",
+    "0 9 ,1 * *", "*-5 * * * *", "?-x * * * *", "+5 0 * * *", "05 00 * * *", "0 0 * * SUN-sat", "0 0 * jan,DEC *",
+    "0 0 * * 7", "0 0 * * 0-7", "0 0 0 * *", "0 0 32 * *", "0 24 * * *", "60 0 * * *", "0 0 * 13 *",
+    "0 0 * 0 *", "*/0 * * * *", "1-2-3 * * * *", "1/2/3 * * * *", "-1 * * * *", "1- * * * *", "/5 * * * *",
+    "5-3 * * * *", "0 0 * * MON-FUN", "0 0 * * monday", "@daily", "@hourly", "@every 1h", "@midnight",
+    "* * * *", "* * * * * *", " ", "0  9\t* *  *", "CRON_TZ=Europe/Berlin 0 9 * * 1-5",
+    "TZ=America/New_York 30 1 * * *", "CRON_TZ=Mars/Olympus 0 9 * * *", "CRON_TZ= 0 9 * * *",
+    "CRON_TZ=UTC @daily", "TZ=Europe/Berlin\t0 9 * * *", " CRON_TZ=UTC 0 9 * * *", "0 9 * * * ",
+    "*/1 * * * *", "0 9 1-31/7 * *", "0 9 L * *", "0 9 15W * *", "0 9 * * 1#2", "0 0 29 2 *", "0x1 * * * *",
+    "1.5 * * * *", "0 0 */31 * *", "0 0 * * */7",
+]
+
+
+def _field(rng: random.Random, low: int, high: int, names: list[str] | None) -> str:
+    def value() -> str:
+        if names and rng.random() < 0.2:
+            return rng.choice(names)
+        return str(rng.randint(low, high + (1 if rng.random() < 0.05 else 0)))
+    def item() -> str:
+        kind = rng.random()
+        if kind < 0.3:
+            return rng.choice(["*", "*", "?"])
+        if kind < 0.5:
+            return f"{rng.choice(['*', '?'])}/{rng.randint(1, 5)}"
+        if kind < 0.7:
+            return value()
+        a, b = sorted((rng.randint(low, high), rng.randint(low, high)))
+        return f"{a}-{b}" + (f"/{rng.randint(1, 4)}" if rng.random() < 0.3 else "")
+    return ",".join(item() for _ in range(1 if rng.random() < 0.8 else 2))
+
+
+def random_cron(rng: random.Random) -> str:
+    days = ["sun", "MON", "tue", "Wed", "thu", "fri", "sat"]
+    months = ["jan", "FEB", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
+    minute = rng.choice([str(rng.randint(0, 59)), f"*/{rng.randint(5, 30)}", "0,30", "0-10"])
+    hour = rng.choice([str(rng.randint(0, 23)), "1-3", "*/6", "*", "2"])
+    return " ".join((minute, hour, _field(rng, 1, 31, None), _field(rng, 1, 12, months) if rng.random() < 0.3
+                     else "*", _field(rng, 0, 6, days)))
+
+
+def _dst_instants() -> list[int]:
+    """Around the 2026 daylight-saving changes of New York (8 March, 1 November) and Berlin (29 March,
+    25 October), every 10 minutes from 3 hours before to 3 hours after."""
+    changes = ["2026-03-08T07:00:00", "2026-11-01T06:00:00", "2026-03-29T01:00:00", "2026-10-25T01:00:00"]
+    import datetime as dt
+    out = []
+    for text in changes:
+        at = int(dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC).timestamp())
+        out += [(at + m * 60) * 10**9 for m in range(-180, 181, 10)]
+    return out
+
+
+def cron_cases() -> dict[str, Any]:
+    rng = random.Random(43)
+    parse = [*CRON_PARSE, *(random_cron(rng) for _ in range(150))]
+    next_cases = []
+    dst = _dst_instants()
+    fixed = ["30 1 * * *", "30 2 * * *", "*/20 1-3 * * *", "0 2 * * 0", "0 0 * * *", "0 0 29 2 *", "0 0 30 2 *",
+             "0 9 */2 * 1", "0 9 1 * */2", "0 3 */3 * *"]
+    for expr in fixed:
+        for zone in ("America/New_York", "Europe/Berlin"):
+            next_cases += [{"expr": expr, "zone": zone, "unix_ns": t} for t in dst[::3]]
+    for _ in range(600):
+        expr = random_cron(rng)
+        unix_s = BASE_UNIX_S + rng.randint(0, 400 * 86400) + rng.choice([0, 0, rng.randint(0, 59)])
+        next_cases.append({"expr": expr, "zone": rng.choice(CRON_ZONES), "unix_ns": unix_s * 10**9 + 123})
+    return {"parse": parse, "next": next_cases, "cases": _rule_cases(rng, dst)}
+
+
+def _rule(name: str, start: str, end: str, tflops: str = "32") -> dict[str, Any]:
+    return {"enable": True, "name": name, "start": start, "end": end,
+            "desiredResources": {"requests": {"tflops": tflops, "vram": "8Gi"},
+                                 "limits": {"tflops": tflops, "vram": "8Gi"}}}
+
+
+def _rule_cases(rng: random.Random, dst: list[int]) -> list[dict[str, Any]]:
+    resources = {"requests.tflops": "1", "limits.tflops": "1", "requests.vram": "2Gi", "limits.vram": "2Gi"}
+    week = [(BASE_UNIX_S + h * 1800 + 7) * 10**9 for h in range(0, 7 * 48)]  # a week, every half hour
+    out = [
+        # */k in a day field: either day field may match (robfig's star bit)
+        {"name": "cron_step_in_day_of_month", "rules": [_rule("a", "0 9 */2 * 1", "0 17 */2 * 1")],
+         "ticks": week},
+        {"name": "cron_step_in_day_of_week", "rules": [_rule("a", "0 9 1 * */2", "0 17 1 * */2")],
+         "ticks": week},
+        {"name": "cron_question_mark", "rules": [_rule("a", "0 9 ? * 1-5", "0 17 ? * 1-5")], "ticks": week},
+    ]
+    for zone in ("America/New_York", "Europe/Berlin"):
+        for start, end in (("30 1 * * *", "50 1 * * *"), ("30 2 * * *", "50 2 * * *"), ("0 1 * * *", "0 3 * * *"),
+                           ("15 2 * * *", "45 1 * * *")):
+            out.append({"name": f"cron_dst_{zone.split('/')[1].lower()}_{start.replace(' ', '_')}",
+                        "rules": [_rule("a", f"CRON_TZ={zone} {start}", f"CRON_TZ={zone} {end}")],
+                        "ticks": dst})
+    for i in range(40):
+        rules = [_rule(f"r{j}", random_cron(rng), random_cron(rng), str(rng.choice([2, 8, 32])))
+                 for j in range(rng.choice([1, 1, 2]))]
+        zone = rng.choice(CRON_ZONES)
+        for rule in rules:
+            if rng.random() < 0.5:
+                rule["start"], rule["end"] = f"CRON_TZ={zone} {rule['start']}", f"CRON_TZ={zone} {rule['end']}"
+        start = BASE_UNIX_S + rng.randint(0, 300 * 86400)
+        step = rng.choice([600, 1800, 3600, 4 * 3600])
+        ticks = [(start + k * step + 11) * 10**9 for k in range(rng.randint(20, 120))]
+        out.append({"name": f"cron_random_{i}", "rules": rules, "ticks": ticks})
+    return [{**c, "resources": resources, "ticks": [{"unix_ns": t} for t in c["ticks"]]} for c in out]
+
+
 if __name__ == "__main__":
-    json.dump(cases(), sys.stdout)
+    json.dump(cron_cases() if sys.argv[1:] == ["cron"] else cases(), sys.stdout)

@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 from extender.autoscaling.config import Resources, parse_config
 from extender.autoscaling.recommend import recommend
 from extender.autoscaling.usage import VramPeakWeight, WorkerUsage, WorkloadUsage
+from extender.common.cron import CronError, CronSchedule
 from extender.common.quantity import parse_quantity
 
 KEYS = ("requests.tflops", "requests.vram", "limits.tflops", "limits.vram")
@@ -49,3 +50,42 @@ def run_case_with_usage(case: dict[str, Any],
                                   _milli(c.lim_vram)), strict=True))
         out.append({"recommendation": rec, "reason": result.reason})
     return out, usage
+
+
+# -- cron ----------------------------------------------------------------------------------------------------
+
+
+def cron_accepts(expr: str) -> bool:
+    try:
+        CronSchedule.parse(expr)
+    except CronError:
+        return False
+    return True
+
+
+def cron_next(case: dict[str, Any]) -> int | None:
+    at = dt.datetime.fromtimestamp(case["unix_ns"] / 10**9, dt.UTC)
+    found = CronSchedule.parse(case["expr"]).next(at, ZoneInfo(case["zone"]))
+    return None if found is None else int(found.timestamp())
+
+
+def run_cron_case(case: dict[str, Any]) -> list[dict[str, Any]]:
+    """Our cron recommender on one rule case, tick by tick, in the shape ``tfrecommend cron`` prints."""
+    config = parse_config({"cronScalingRules": case["rules"]})
+    r = {k: parse_quantity(v).value for k, v in case["resources"].items()}
+    original = Resources(r["requests.tflops"], r["requests.vram"], r["limits.tflops"], r["limits.vram"])
+    usage = WorkloadUsage(3600 * 10**9)
+    current, previous = original, None
+    out = []
+    for tick in case["ticks"]:
+        now = dt.datetime.fromtimestamp(tick["unix_ns"] // 1000 / 10**6, dt.UTC)
+        result = recommend(config, usage, original, current, "", 0, now, ZoneInfo("UTC"), previous)
+        rec = None
+        if result.recommendation is not None:
+            current = result.recommendation
+            rec = dict(zip(KEYS, (_milli(current.req_tflops), _milli(current.req_vram),
+                                  _milli(current.lim_tflops), _milli(current.lim_vram)), strict=True))
+        previous = result.cron_state
+        out.append({"recommendation": rec, "reason": result.reason, "error": bool(result.problems),
+                    "active": previous.name if previous else ""})
+    return out

@@ -13,7 +13,7 @@ from fractions import Fraction
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo
 
-from extender.autoscaling.config import AutoScalingConfig, Resources, parse_config
+from extender.autoscaling.config import DEFAULT_HISTORY_PERIOD_NS, AutoScalingConfig, Resources, parse_config
 from extender.autoscaling.recommend import CronState, recommend
 from extender.autoscaling.usage import UsageSource, WorkloadUsage
 from extender.common.contract import WORKLOAD_LABEL, ContractError, GPURequest
@@ -221,7 +221,7 @@ class WorkloadAutoscaler:
         if config.configured():
             created = _creation_ns(tfw) or min((_creation_ns(pod) or now_ns) for pod in pods)
             current = memory.recommendation or original
-            qos = str(spec.get("qos") or request.qos.value)
+            qos = str(spec.get("qos") or "")  # TensorFusion reads an empty QoS as the lower bound, like low
             answer = None
             if config.external is not None and now_ns - created >= config.external.initial_delay_ns:
                 answer, error = await ask(config.external, namespace, name, resources_json(current),
@@ -255,10 +255,12 @@ class WorkloadAutoscaler:
 
     def _remember(self, namespace: str, name: str, tfw: Mapping[str, Any], config: AutoScalingConfig,
                   now_ns: int) -> _Memory:
-        history = config.auto_set.history_period_ns if config.auto_set else 2 * 3600 * 10**9
+        auto_set = config.auto_set
+        history = auto_set.history_period_ns if auto_set else DEFAULT_HISTORY_PERIOD_NS
+        read = auto_set.read_history_ns if auto_set else DEFAULT_HISTORY_PERIOD_NS
         memory = self._memory.get((namespace, name))
         if memory is None or memory.history_ns != history:
-            memory = _Memory(WorkloadUsage(history // 2), now_ns - history, history_ns=history)
+            memory = _Memory(WorkloadUsage(history // 2), now_ns - read, history_ns=history)
             self._memory[(namespace, name)] = memory
             # a restart: the recommendation and cron rule in status stand until the next one
             st = tfw.get("status") or {}

@@ -16,7 +16,7 @@ from fractions import Fraction
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from extender.autoscaling.config import Resources, parse_config
+from extender.autoscaling.config import DEFAULT_HISTORY_PERIOD_NS, Resources, parse_config
 from extender.autoscaling.recommend import CronState, recommend
 from extender.autoscaling.usage import StaticUsageSource, WorkloadUsage
 from extender.common.contract import WORKLOAD_LABEL, ContractError
@@ -81,10 +81,12 @@ def _workload(sim: ClusterState, by_kind: dict[tuple[str, str, str], dict[str, A
         entry["recommendation"] = None
         entry["reason"] = "NotConfigured"
         return entry
-    history = config.auto_set.history_period_ns if config.auto_set else 2 * 3600 * 10**9
+    auto_set = config.auto_set
+    history = auto_set.history_period_ns if auto_set else DEFAULT_HISTORY_PERIOD_NS
+    read = auto_set.read_history_ns if auto_set else DEFAULT_HISTORY_PERIOD_NS
     usage = WorkloadUsage(history // 2)
     for sample in sorted(samples.samples.get((namespace, name), []), key=lambda s: s.unix_ns):
-        if now_ns - history < sample.unix_ns <= now_ns:
+        if now_ns - read < sample.unix_ns <= now_ns:
             usage.add(sample)
     current = original
     if isinstance(status.get("recommendation"), dict):
@@ -96,13 +98,11 @@ def _workload(sim: ClusterState, by_kind: dict[tuple[str, str, str], dict[str, A
         cron = CronState(str(rule["name"]), Resources.from_json(rule.get("desiredResources"), "", []))
     created = parse_time(_meta(tfw or pods[0]).get("creationTimestamp"))
     age = now_ns - (int(created.timestamp()) * 10**9 if created else now_ns)
-    qos = str(spec.get("qos") or request.qos.value)
+    qos = str(spec.get("qos") or "")  # TensorFusion reads an empty QoS as the lower bound, like low
     tick = recommend(config, usage, original, current, qos, age, now, zone, cron)
     rec = tick.recommendation or (current if current != original else None)
     entry.update({"samples": usage.samples, "recommendation": resources_json(rec) if rec else None,
-                  "reason": tick.reason, "message": tick.message, "problems": [*config.problems, *problems,
-                                                                               *tick.problems][:20]})
-    auto_set = config.auto_set
+                  "reason": tick.reason, "message": tick.message, "problems": [*problems, *tick.problems][:20]})
     if rec is None or auto_set is None or not auto_set.enable:
         entry["resizes"] = []
         return entry

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from extender.autoscaling.config import parse_config, split_zone
+from extender.autoscaling.config import go_duration_ns, go_float, parse_config
 
 HOUR = 3600 * 10**9
 
@@ -30,7 +30,12 @@ def test_defaults_are_tensorfusions() -> None:
     ("upperBoundVRAMPercentile", "1.5", "upperBoundVRAMPercentile: '1.5' is outside 0-1"),
     ("marginFraction", "-0.1", "marginFraction: '-0.1' is outside 0 and up"),
     ("historyDataPeriod", "2 hours", "historyDataPeriod: '2 hours' is not a duration"),
-    ("initialDelayPeriod", "0s", "initialDelayPeriod: '0s' must be positive"),
+    ("marginFraction", " 0.2", "marginFraction: ' 0.2' is not a number"),  # Go's ParseFloat refuses spaces
+    ("marginFraction", "0x1p-1 ", "marginFraction: '0x1p-1 ' is not a number"),
+    ("updateThreshold", "1e400", "updateThreshold: '1e400' is not a number"),
+    ("historyDataPeriod", "0s", "historyDataPeriod: '0s' must be positive"),
+    ("interval", "-1m", "interval: '-1m' must be positive"),
+    ("initialDelayPeriod", "5 m", "initialDelayPeriod: '5 m' is not a duration"),
     ("targetResource", "gpu", "targetResource: 'gpu' is not one of all, compute, vram"),
 ])
 def test_bad_fields_fall_back_to_the_default_and_are_named(field: str, value: str, says: str) -> None:
@@ -51,7 +56,55 @@ def test_a_target_resource_limits_what_a_resize_may_move() -> None:
     assert off.auto_set is not None and not off.auto_set.scales("compute")
 
 
-def test_split_zone_reads_robfig_prefixes() -> None:
-    assert split_zone("TZ=Asia/Tokyo 0 9 * * *") == ("Asia/Tokyo", "0 9 * * *")
-    assert split_zone(" 0 9 * * *") == (None, "0 9 * * *")
+# TensorFusion reads initialDelayPeriod with Go's time.ParseDuration and uses whatever it reads
+# (internal/autoscaler/recommender/percentile_recommender.go, internal/autoscaler/workload_metrics_loader.go,
+# internal/autoscaler/recommender/external_recommender.go): 0s is no delay, a negative one too.
+@pytest.mark.parametrize(("value", "delay_ns"), [
+    ("0s", 0), ("0", 0), ("-5m", -300 * 10**9), ("1h30m", 5400 * 10**9), ("1.5h", 5400 * 10**9),
+    ("300ms", 3 * 10**8), ("", 1800 * 10**9), ("+2m", 120 * 10**9),
+])
+def test_initial_delay_is_read_as_tensorfusion_reads_it(value: str, delay_ns: int) -> None:
+    c = parse_config({"autoSetResources": {"enable": True, "initialDelayPeriod": value},
+                      "externalScaler": {"enable": True, "url": "http://x", "initialDelayPeriod": value}})
+    assert not c.problems
+    assert c.auto_set is not None and c.auto_set.initial_delay_ns == delay_ns
+    assert c.external is not None and c.external.initial_delay_ns == delay_ns
 
+
+# internal/autoscaler/workload/workload.go (updateHistoryPeriod: half-life = period / 2, uncapped) and
+# internal/autoscaler/workload_metrics_loader.go (maxHistoryDataPeriod: only the history read is capped)
+@pytest.mark.parametrize(("value", "period_h", "read_h"), [
+    ("2h", 2, 2), ("720h", 720, 720), ("1000h", 1000, 720), ("2160h", 2160, 720),
+])
+def test_a_history_over_30_days_caps_only_the_read(value: str, period_h: int, read_h: int) -> None:
+    c = parse_config({"autoSetResources": {"enable": True, "historyDataPeriod": value}})
+    assert not c.problems and c.auto_set is not None
+    assert c.auto_set.history_period_ns == period_h * HOUR
+    assert c.auto_set.read_history_ns == read_h * HOUR
+
+
+@pytest.mark.parametrize(("text", "ns"), [
+    ("0", 0), ("-0", 0), ("1h", 3600 * 10**9), ("1.5s", 1_500_000_000), (".5s", 500_000_000),
+    ("1h1m1s1ms1us1ns", 3661001001001), ("2\u00b5s", 2000), ("2\u03bcs", 2000), ("5.s", 5 * 10**9),
+])
+def test_go_durations(text: str, ns: int) -> None:
+    assert go_duration_ns(text) == ns
+
+
+@pytest.mark.parametrize("text", ["", "5", " 5s", "5s ", "1d", ".s", "1h-1m", "--1s", "s", "9999999999h"])
+def test_go_refuses_these_durations(text: str) -> None:
+    with pytest.raises(ValueError):
+        go_duration_ns(text)
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("0.5", 0.5), ("5e-1", 0.5), ("+.5", 0.5), ("0x1p-1", 0.5), ("1.", 1.0), ("Inf", float("inf")),
+])
+def test_go_floats(text: str, value: float) -> None:
+    assert go_float(text) == value
+
+
+@pytest.mark.parametrize("text", ["", " 1", "1_0", "0x10", "1e400", "+nan", "one", "1,5"])
+def test_go_refuses_these_floats(text: str) -> None:
+    with pytest.raises(ValueError):
+        go_float(text)

@@ -84,21 +84,32 @@ def test_a_restart_starts_from_the_stored_recommendation() -> None:
     assert state.gpu_usage()["g1"][1] == 4 * GIB
 
 
-def test_a_workload_is_evaluated_on_its_own_interval_and_a_long_history_is_capped() -> None:
+def test_a_workload_is_evaluated_on_its_own_interval_and_a_long_history_caps_only_the_read() -> None:
     """autoSetResources.interval paces each workload, as TensorFusion's loader does (the loop's passes
-    are only the tick); historyDataPeriod beyond 30 days is TensorFusion's limit, named and applied."""
+    are only the tick). historyDataPeriod beyond 30 days: TensorFusion reads 30 days of usage
+    (internal/autoscaler/workload_metrics_loader.go) but keeps the half-life at half the period
+    (internal/autoscaler/workload/workload.go); nothing is named in the condition."""
     profile = {"spec": {"autoScalingConfig": {"autoSetResources": {
         "enable": True, "targetResource": "compute", "interval": "5m", "historyDataPeriod": "1440h"}}}}
     a = autoscaled_worker("a", "ua", "10")
     a["metadata"]["annotations"]["tensor-fusion.ai/workload-profile"] = "p"
     state, workloads, events = state_with(a), Workloads(profile), Events()
-    loop = autoscaler(state, [a], workloads, usage_source("a", 40.0), events)
+    reads: list[tuple[int, int]] = []
+    source = usage_source("a", 40.0)
+
+    class Recording:
+        async def workload_usage(self, namespace: str, workload: str, start_ns: int, end_ns: int):
+            reads.append((start_ns, end_ns))
+            return await source.workload_usage(namespace, workload, start_ns, end_ns)
+
+    loop = autoscaler(state, [a], workloads, Recording(), events)
     for seconds in (0, 30, 60, 299, 300, 330):
         asyncio.run(loop.reconcile(NOW + dt.timedelta(seconds=seconds)))
     assert len(workloads.patches) == 2, "evaluated at 0 s and 300 s, not on every pass"
     (condition,) = workloads.patches[0]["conditions"]
-    assert "autoSetResources.historyDataPeriod: '1440h' is longer than 30 days; using 30 days" in \
-        condition["message"]
+    assert "historyDataPeriod" not in condition["message"]
+    assert reads[0][1] - reads[0][0] == 30 * 86400 * 10**9
+    assert loop._memory[("ml", "a")].usage.half_life_ns == 720 * 3600 * 10**9
 
 
 def test_the_package_builds_one_leader_only_controller_on_the_core_caches() -> None:
