@@ -9,6 +9,7 @@ sample lies more than 100 half-lives past it, rounded to a whole half-life count
 cumulative weight reaches ``p * total`` and answers the start of the next bucket (the bucket's end).
 
 Times are integer nanoseconds since the Unix epoch, as Go's ``time.Time`` and ``time.Duration`` count them.
+``Exp2``, ``Log`` and ``Pow`` are Go's own (``gomath``), not the C library's, to the last bit.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+
+from extender.autoscaling.gomath import go_exp2, go_log, go_pow_int
 
 # Nanoseconds from Go's zero time (0001-01-01T00:00:00Z) to the Unix epoch.
 GO_ZERO_TO_UNIX_NS = 62_135_596_800 * 1_000_000_000
@@ -53,11 +56,11 @@ class ExponentialOptions:
             raise IndexError(f"index {bucket} out of range [0..{self.num_buckets - 1}]")
         if bucket == 0:
             return 0.0
-        return self.first_bucket_size * (math.pow(self.ratio, float(bucket)) - 1) / (self.ratio - 1)
+        return self.first_bucket_size * (go_pow_int(self.ratio, bucket) - 1) / (self.ratio - 1)
 
 
 def _log(base: float, x: float) -> float:
-    return math.log(x) / math.log(base)
+    return go_log(x) / go_log(base)
 
 
 def _safe_subtract(value: float, sub: float, epsilon: float) -> float:
@@ -159,7 +162,7 @@ class DecayingHistogram:
         max_allowed = self.reference_ns + _saturate(self.half_life_ns * MAX_DECAY_EXPONENT)
         if go_ns > max_allowed:
             self._shift_reference(go_ns)
-        return math.exp2(float(_saturate(go_ns - self.reference_ns)) / float(self.half_life_ns))
+        return go_exp2(float(_saturate(go_ns - self.reference_ns)) / float(self.half_life_ns))
 
     def _shift_reference(self, go_ns: int) -> None:
         new_reference = _round_to(go_ns, self.half_life_ns)

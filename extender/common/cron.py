@@ -86,7 +86,8 @@ class CronSchedule:
             raise CronError("need five fields (minute hour day-of-month month day-of-week), "
                             f"got {len(parts)}")
         bits = [_field(part, *spec_) for part, spec_ in zip(parts, _FIELDS, strict=True)]
-        return cls(text, *bits, zone=zone)
+        minute, hour, dom, month, dow = bits
+        return cls(text, minute, hour, dom, month, dow, zone)
 
     # the values each field holds, as sets
     @property
@@ -135,7 +136,7 @@ class CronSchedule:
         found = self._next(t, zone)
         return None if found is None else _EPOCH + dt.timedelta(seconds=found)
 
-    def _next(self, t: int, zone: ZoneInfo) -> int | None:  # noqa: C901 - robfig's loop, kept as one
+    def _next(self, t: int, zone: ZoneInfo) -> int | None:
         added = False
         year_limit = _local(t, zone).year + 5
         while True:  # robfig's WRAP label

@@ -110,6 +110,32 @@ def cases() -> list[dict[str, Any]]:
                     auto_set_resources={**out[1]["auto_set_resources"], "initialDelayPeriod": "0s"})
     out.append(no_delay)
     out += _long_history_cases()
+    # two streams where a percentile falls exactly between two samples' buckets, so the last bit of each
+    # sample's decay weight decides it (Go's math.Exp2, not the C library's)
+    out += [dict(c, name=f"exact_last_bit_{c['name']}")
+            for c in random_streams(1198, 1) + random_streams(5144, 1)]
+    return out
+
+
+def random_streams(first: int, count: int) -> list[dict[str, Any]]:
+    """Random streams for the parity count (``parity.py``): random QoS (the empty one too), initial delays
+    (``0s`` too) and history periods up to 90 days."""
+    out = []
+    for seed in range(first, first + count):
+        rng = random.Random(seed)
+        rising = rng.random() < 0.2
+        asr = _auto_set(rng)
+        asr["initialDelayPeriod"] = rng.choice(["", "", "0s", "5m", "20h"])
+        out.append({
+            "name": f"parity_{seed}",
+            "qos": rng.choice(["low", "medium", "high", "critical", ""]),
+            "creation_age_ns": rng.choice([0, 10 * HOUR_NS]),
+            "history_period": rng.choice(["", "2h", "45m", "24h", "720h", "1000h", "2160h"]),
+            "resources": _resources(rng),
+            "auto_set_resources": asr,
+            "ticks": _stream(rng, rng.randint(1, 3), rng.randint(3, 10),
+                             rng.choice([15, 60, 600, 3600, 7200]), BASE_UNIX_S + seed * 7919, rising),
+        })
     return out
 
 
@@ -138,7 +164,8 @@ CRON_ZONES = ("UTC", "America/New_York", "Europe/Berlin", "Australia/Lord_Howe",
 # robfig's grammar at its edges, accepted and refused by TensorFusion's parser
 CRON_PARSE = [
     "0 9 * * *", "0 9 ? * *", "0 9 * * ?", "? ? ? ? ?", "0 9 */2 * 1", "0 9 * * 1/2", "0 9 1,,15 * *",
-    "0 9 ,1 * *", "*-5 * * * *", "?-x * * * *", "+5 0 * * *", "05 00 * * *", "0 0 * * SUN-sat", "0 0 * jan,DEC *",
+    "0 9 ,1 * *", "*-5 * * * *", "?-x * * * *", "+5 0 * * *", "05 00 * * *", "0 0 * * SUN-sat",
+    "0 0 * jan,DEC *",
     "0 0 * * 7", "0 0 * * 0-7", "0 0 0 * *", "0 0 32 * *", "0 24 * * *", "60 0 * * *", "0 0 * 13 *",
     "0 0 * 0 *", "*/0 * * * *", "1-2-3 * * * *", "1/2/3 * * * *", "-1 * * * *", "1- * * * *", "/5 * * * *",
     "5-3 * * * *", "0 0 * * MON-FUN", "0 0 * * monday", "@daily", "@hourly", "@every 1h", "@midnight",
@@ -194,7 +221,8 @@ def cron_cases() -> dict[str, Any]:
     parse = [*CRON_PARSE, *(random_cron(rng) for _ in range(150))]
     next_cases = []
     dst = _dst_instants()
-    fixed = ["30 1 * * *", "30 2 * * *", "*/20 1-3 * * *", "0 2 * * 0", "0 0 * * *", "0 0 29 2 *", "0 0 30 2 *",
+    fixed = ["30 1 * * *", "30 2 * * *", "*/20 1-3 * * *", "0 2 * * 0", "0 0 * * *", "0 0 29 2 *",
+             "0 0 30 2 *",
              "0 9 */2 * 1", "0 9 1 * */2", "0 3 */3 * *"]
     for expr in fixed:
         for zone in ("America/New_York", "Europe/Berlin"):
@@ -224,8 +252,8 @@ def _rule_cases(rng: random.Random, dst: list[int]) -> list[dict[str, Any]]:
         {"name": "cron_question_mark", "rules": [_rule("a", "0 9 ? * 1-5", "0 17 ? * 1-5")], "ticks": week},
     ]
     for zone in ("America/New_York", "Europe/Berlin"):
-        for start, end in (("30 1 * * *", "50 1 * * *"), ("30 2 * * *", "50 2 * * *"), ("0 1 * * *", "0 3 * * *"),
-                           ("15 2 * * *", "45 1 * * *")):
+        for start, end in (("30 1 * * *", "50 1 * * *"), ("30 2 * * *", "50 2 * * *"),
+                           ("0 1 * * *", "0 3 * * *"), ("15 2 * * *", "45 1 * * *")):
             out.append({"name": f"cron_dst_{zone.split('/')[1].lower()}_{start.replace(' ', '_')}",
                         "rules": [_rule("a", f"CRON_TZ={zone} {start}", f"CRON_TZ={zone} {end}")],
                         "ticks": dst})
@@ -235,7 +263,8 @@ def _rule_cases(rng: random.Random, dst: list[int]) -> list[dict[str, Any]]:
         zone = rng.choice(CRON_ZONES)
         for rule in rules:
             if rng.random() < 0.5:
-                rule["start"], rule["end"] = f"CRON_TZ={zone} {rule['start']}", f"CRON_TZ={zone} {rule['end']}"
+                rule["start"] = f"CRON_TZ={zone} {rule['start']}"
+                rule["end"] = f"CRON_TZ={zone} {rule['end']}"
         start = BASE_UNIX_S + rng.randint(0, 300 * 86400)
         step = rng.choice([600, 1800, 3600, 4 * 3600])
         ticks = [(start + k * step + 11) * 10**9 for k in range(rng.randint(20, 120))]

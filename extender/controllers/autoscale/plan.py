@@ -102,7 +102,8 @@ def _workload(sim: ClusterState, by_kind: dict[tuple[str, str, str], dict[str, A
     tick = recommend(config, usage, original, current, qos, age, now, zone, cron)
     rec = tick.recommendation or (current if current != original else None)
     entry.update({"samples": usage.samples, "recommendation": resources_json(rec) if rec else None,
-                  "reason": tick.reason, "message": tick.message, "problems": [*problems, *tick.problems][:20]})
+                  "reason": tick.reason, "message": tick.message,
+                  "problems": [*problems, *tick.problems][:20]})
     if rec is None or auto_set is None or not auto_set.enable:
         entry["resizes"] = []
         return entry
