@@ -250,6 +250,12 @@ def _rule_cases(rng: random.Random, dst: list[int]) -> list[dict[str, Any]]:
         {"name": "cron_step_in_day_of_week", "rules": [_rule("a", "0 9 1 * */2", "0 17 1 * */2")],
          "ticks": week},
         {"name": "cron_question_mark", "rules": [_rule("a", "0 9 ? * 1-5", "0 17 ? * 1-5")], "ticks": week},
+        # a schedule that never fires (30 February) has robfig's zero time as its next firing, which
+        # TensorFusion's comparison reads as the earliest time
+        {"name": "cron_start_never_fires", "rules": [_rule("a", "0 0 30 2 *", "0 17 * * *")],
+         "ticks": week[:8]},
+        {"name": "cron_end_never_fires", "rules": [_rule("a", "0 9 * * *", "0 0 30 2 *")], "ticks": week[:8]},
+        {"name": "cron_neither_fires", "rules": [_rule("a", "0 0 30 2 *", "0 0 31 2 *")], "ticks": week[:8]},
     ]
     for zone in ("America/New_York", "Europe/Berlin"):
         for start, end in (("30 1 * * *", "50 1 * * *"), ("30 2 * * *", "50 2 * * *"),

@@ -93,6 +93,26 @@ def _rules(start: str, end: str, tflops: str = "40") -> dict[str, object]:
                                                        "limits": {"tflops": tflops, "vram": "8Gi"}}}]}
 
 
+# TensorFusion's test (getActiveCronScalingRule in internal/autoscaler/recommender/cron_recommender.go) with
+# robfig's Next (spec.go), whose zero time for a schedule that never fires is earlier than any time
+@pytest.mark.parametrize(("start", "end", "at", "active"), [
+    ("0 9 * * *", "0 17 * * *", "2026-03-23T10:00", True),
+    ("0 9 * * *", "0 17 * * *", "2026-03-23T17:00", False),  # the end's minute: its next end is tomorrow
+    ("0 9 */2 * 1", "0 17 */2 * 1", "2026-03-24T10:00", False),  # 24th: even, a Tuesday
+    ("0 9 */2 * 1", "0 17 */2 * 1", "2026-03-25T10:00", True),  # 25th: odd
+    ("0 9 */2 * 1", "0 17 */2 * 1", "2026-03-30T10:00", True),  # 30th: even, a Monday
+    ("CRON_TZ=America/New_York 30 1 * * *", "CRON_TZ=America/New_York 50 1 * * *", "2026-11-01T06:40", True),
+    ("0 0 30 2 *", "0 17 * * *", "2026-03-23T10:00", True),  # the start never fires
+    ("0 9 * * *", "0 0 30 2 *", "2026-03-23T10:00", False),  # the end never fires
+    ("0 0 30 2 *", "0 0 31 2 *", "2026-03-23T10:00", True),  # neither does
+])
+def test_which_rule_is_active_is_tensorfusions(start: str, end: str, at: str, active: bool) -> None:
+    c = parse_config(_rules(start, end))
+    assert not c.problems
+    now = dt.datetime.fromisoformat(at).replace(tzinfo=dt.UTC)
+    assert (active_rule(c.cron_rules, now, UTC)[0] is not None) is active
+
+
 def test_a_cron_rule_is_active_between_its_start_and_end_in_its_zone() -> None:
     c = parse_config(_rules("CRON_TZ=Europe/Berlin 0 9 * * 1-5", "CRON_TZ=Europe/Berlin 0 18 * * 1-5"))
     assert not c.problems
