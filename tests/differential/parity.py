@@ -3,7 +3,8 @@
 ``python -m tests.differential.parity [--seeds 200] [--first 1000]`` makes ``--seeds`` random usage
 streams (the generator of ``cases.py``, with random QoS including the empty one, initial delays including
 ``0s``, and history periods up to 90 days) and as many random cron rule cases, runs them through
-``tfrecommend`` (built by ``generate.sh``, cached) and through this project's recommender, and prints one
+``tfrecommend`` (built by ``generate.sh``, cached) and through this project's recommender (with five times as
+many random cron expressions to accept or refuse and ten times as many next firings), and prints one
 JSON line: ticks equal, ticks that differ only where docs/autoscaling.md lists a deliberate difference, and
 ticks that differ otherwise (each named). A deliberate difference is recognised by what explains it:
 
@@ -28,7 +29,7 @@ from typing import Any
 from extender.autoscaling.config import parse_config
 from extender.autoscaling.usage import VramPeakWeight
 from tests.differential.cases import BASE_UNIX_S, CRON_ZONES, _rule, random_cron, random_streams
-from tests.differential.ours import run_case, run_cron_case
+from tests.differential.ours import cron_accepts, cron_next, run_case, run_cron_case
 
 COMMIT = "3e0a4901044d"
 
@@ -55,7 +56,13 @@ def cron_streams(first: int, count: int) -> dict[str, Any]:
                                     "limits.vram": "2Gi"},
                       "ticks": [{"unix_ns": (start + k * step + 13) * 10**9}
                                 for k in range(rng.randint(10, 60))]})
-    return {"parse": [], "next": [], "cases": cases}
+    rng = random.Random(first)
+    parse = [random_cron(rng) for _ in range(count * 5)]
+    nexts = [{"expr": random_cron(rng), "zone": rng.choice(CRON_ZONES),
+              "unix_ns": (BASE_UNIX_S + rng.randint(0, 800 * 86400)) * 10**9 + rng.randint(0, 10**9 - 1)}
+             for _ in range(count * 10)]
+    nexts = [n for n in nexts if cron_accepts(n["expr"])]
+    return {"parse": parse, "next": nexts, "cases": cases}
 
 
 def _run(args: list[str], payload: Any) -> Any:
@@ -88,7 +95,21 @@ def main(argv: list[str] | None = None) -> int:
                 counts["undocumented"] += 1
                 undocumented.append(f"{case['name']}[{i}]")
     cron = cron_streams(args.first, args.seeds)
-    cron_theirs = _run(["cron"], cron)["cases"]
+    cron_answers = _run(["cron"], cron)
+    cron_theirs = cron_answers["cases"]
+    grammar = {"parse_equal": 0, "next_equal": 0, "differ": 0}
+    for expr, theirs in zip(cron["parse"], cron_answers["parse"], strict=True):
+        if cron_accepts(expr) == theirs:
+            grammar["parse_equal"] += 1
+        else:
+            grammar["differ"] += 1
+            undocumented.append(f"parse {expr!r}")
+    for case, theirs in zip(cron["next"], cron_answers["next"], strict=True):
+        if cron_next(case) == theirs:
+            grammar["next_equal"] += 1
+        else:
+            grammar["differ"] += 1
+            undocumented.append(f"next {case}")
     cron_counts = {"equal": 0, "documented": {"bad_rule_alone": 0}, "undocumented": 0}
     for case, t in zip(cron["cases"], cron_theirs, strict=True):
         refused = any("rule ignored" in p for p in parse_config({"cronScalingRules": case["rules"]}).problems)
@@ -101,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                 cron_counts["undocumented"] += 1
                 undocumented.append(f"{case['name']}[{i}]")
     print(json.dumps({"seeds": [args.first, args.first + args.seeds - 1], "recommendation_ticks": counts,
-                      "cron_ticks": cron_counts, "undocumented": undocumented[:50]}))
+                      "cron_ticks": cron_counts, "cron_grammar": grammar, "undocumented": undocumented[:50]}))
     return 1 if undocumented else 0
 
 
