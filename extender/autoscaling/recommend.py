@@ -158,7 +158,9 @@ def _threshold_message(name: str, cur: Fraction, rec: Fraction, threshold: float
     allowed = int(float(_value(cur)) * threshold)
     if diff > allowed:
         return None
-    return f"{name} change ({diff}) within threshold ({allowed}), "
+    # Quantity.String() of TensorFusion's whole-number quantities: TFLOPS decimal, VRAM binary (1Gi)
+    show = _tf if name == "Compute" else _vr
+    return f"{name} change ({show(Fraction(diff))}) within threshold ({show(Fraction(allowed))}), "
 
 
 def percentile(config: AutoSetResources | None, usage: WorkloadUsage, original: Resources, current: Resources,
@@ -252,11 +254,11 @@ def cron(rules: Sequence[CronRule], previous: CronState | None, original: Resour
     if rule is None:
         assert previous is not None
         return (Outcome(Result(original, applied=False, scale_down_locking=True), RULE_INACTIVE,
-                        f"Cron scaling rule {previous.name!r} is inactive"), None, "")
+                        f"Cron scaling rule {go_quote(previous.name)} is inactive"), None, "")
     state = CronState(rule.name, rule.desired)
     if previous is None or previous.desired != rule.desired:
         return (Outcome(Result(rule.desired, applied=False, scale_down_locking=True), RULE_ACTIVE,
-                        f"Cron scaling rule {rule.name!r} is active"), state, "")
+                        f"Cron scaling rule {go_quote(rule.name)} is active"), state, "")
     return Outcome(Result(rule.desired, applied=True, scale_down_locking=True)), previous, ""
 
 
@@ -349,6 +351,25 @@ def recommend(config: AutoScalingConfig, usage: WorkloadUsage, original: Resourc
     return Tick(rec, cron_state, reason, message, problems)
 
 
+def go_quote(text: str) -> str:
+    """Go's ``%q`` of a string (``strconv.Quote``): double quotes, Go's escapes, printable text kept."""
+    escapes = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t",
+               "\v": "\\v", "\\": "\\\\", '"': '\\"'}
+    out = []
+    for ch in text:
+        if ch in escapes:
+            out.append(escapes[ch])
+        elif ch.isprintable():
+            out.append(ch)
+        elif ord(ch) < 0x80:
+            out.append(f"\\x{ord(ch):02x}")
+        elif ord(ch) <= 0xFFFF:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    return '"' + "".join(out) + '"'
+
+
 def _tf(q: Fraction) -> str:
     return format_quantity(q, Format.DECIMAL_SI)
 
@@ -358,7 +379,21 @@ def _vr(q: Fraction) -> str:
 
 
 def _go_duration(ns: int) -> str:
-    seconds = ns // 10**9
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return (f"{h}h" if h else "") + (f"{m}m" if h or m else "") + f"{s}s"
+    """Go's ``time.Duration.String``: ``30m0s``, ``1h0m0.5s``, ``1.5s``, ``300ms``, ``0s``."""
+    if ns == 0:
+        return "0s"
+    sign, u = ("-" if ns < 0 else ""), abs(ns)
+    if u < 10**9:
+        if u < 1000:
+            return f"{sign}{u}ns"
+        return sign + (_go_fraction(u, 3) + "\u00b5s" if u < 10**6 else _go_fraction(u, 6) + "ms")
+    seconds = u // 10**9
+    h, m, s = seconds // 3600, seconds // 60 % 60, seconds % 60
+    return (sign + (f"{h}h" if h else "") + (f"{m}m" if h or m else "")
+            + _go_fraction(s * 10**9 + u % 10**9, 9) + "s")
+
+
+def _go_fraction(value: int, digits: int) -> str:
+    whole, fraction = divmod(value, 10**digits)
+    tail = str(fraction).rjust(digits, "0").rstrip("0")
+    return f"{whole}.{tail}" if tail else str(whole)

@@ -48,7 +48,7 @@ def run_case_with_usage(case: dict[str, Any],
             c = current
             rec = dict(zip(KEYS, (_milli(c.req_tflops), _milli(c.req_vram), _milli(c.lim_tflops),
                                   _milli(c.lim_vram)), strict=True))
-        out.append({"recommendation": rec, "reason": result.reason})
+        out.append({"recommendation": rec, "reason": result.reason, "message": result.message})
     return out, usage
 
 
@@ -86,6 +86,7 @@ def run_cron_case(case: dict[str, Any]) -> list[dict[str, Any]]:
             rec = dict(zip(KEYS, (_milli(current.req_tflops), _milli(current.req_vram),
                                   _milli(current.lim_tflops), _milli(current.lim_vram)), strict=True))
         previous = result.cron_state
-        out.append({"recommendation": rec, "reason": result.reason, "error": bool(result.problems),
+        out.append({"recommendation": rec, "reason": result.reason, "message": result.message,
+                    "error": bool(result.problems),
                     "active": previous.name if previous else ""})
     return out

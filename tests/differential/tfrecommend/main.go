@@ -52,6 +52,7 @@ type caseIn struct {
 type tickOut struct {
 	Recommendation map[string]int64 `json:"recommendation"`
 	Reason         string           `json:"reason"`
+	Message        string           `json:"message"`
 }
 
 type caseOut struct {
@@ -121,6 +122,7 @@ func run(c caseIn) caseOut {
 		}
 		if cond := meta.FindStatusCondition(state.Status.Conditions, constants.ConditionStatusTypeResourceUpdate); cond != nil {
 			o.Reason = cond.Reason
+			o.Message = cond.Message
 		}
 		result.Ticks = append(result.Ticks, o)
 	}
@@ -155,6 +157,7 @@ type cronIn struct {
 type cronTickOut struct {
 	Recommendation map[string]int64 `json:"recommendation"`
 	Reason         string           `json:"reason"`
+	Message        string           `json:"message"`
 	Active         string           `json:"active"`
 	Error          bool             `json:"error"`
 }
@@ -256,6 +259,7 @@ func runCronCase(c cronCaseIn) caseCron {
 			constants.ConditionStatusTypeRecommendationProvided} {
 			if cond := meta.FindStatusCondition(state.Status.Conditions, kind); cond != nil {
 				o.Reason = cond.Reason
+			o.Message = cond.Message
 				break
 			}
 		}

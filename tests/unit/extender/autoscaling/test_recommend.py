@@ -211,3 +211,21 @@ def test_a_tick_merges_percentile_cron_and_external_and_keeps_config_problems() 
     assert (tick.recommendation.req_tflops, tick.recommendation.req_vram) == (50, 16 * GI)
     assert tick.problems == ["spec.autoScalingConfig.autoSetResources.marginFraction: 'x' is not a number; "
                              "using the default 0.15"]
+
+
+# the LowConfidence message prints initialDelayPeriod with Go's %v of a time.Duration
+# (internal/autoscaler/recommender/percentile_recommender.go); these are Go's own answers
+@pytest.mark.parametrize(("ns", "go"), [
+    (0, "0s"), (1, "1ns"), (999, "999ns"), (1500, "1.5\u00b5s"), (1500000, "1.5ms"), (1500000000, "1.5s"),
+    (1800000000000, "30m0s"), (5400500000000, "1h30m0.5s"), (3600000000000000, "1000h0m0s"),
+    (61000000000, "1m1s"), (-300000000000, "-5m0s"), (7200000000003, "2h0m0.000000003s"),
+])
+def test_durations_print_as_go_prints_them(ns: int, go: str) -> None:
+    from extender.autoscaling.recommend import _go_duration
+    assert _go_duration(ns) == go
+
+
+def test_rule_names_are_quoted_as_go_quotes_them() -> None:
+    from extender.autoscaling.recommend import go_quote
+    assert go_quote("office") == '"office"'
+    assert go_quote('a"b\\c\n\x01') == '"a\\"b\\\\c\\n\\x01"'
