@@ -337,7 +337,7 @@ def recommend(config: AutoScalingConfig, usage: WorkloadUsage, original: Resourc
     if external_answer is not None:
         if config.external is not None and age_ns < config.external.initial_delay_ns:
             outcomes.append(Outcome(Result(Resources(), applied=True), LOW_CONFIDENCE,
-                                    "Workload created less than InitialDelayPeriod "
+                                    f"Workload created {_go_duration(age_ns)} ago, less than InitialDelayPeriod "
                                     f"{_go_duration(config.external.initial_delay_ns)}, no update performed"))
         else:
             ext, ext_problems = external(external_answer, current)
