@@ -336,9 +336,10 @@ def recommend(config: AutoScalingConfig, usage: WorkloadUsage, original: Resourc
     outcomes.append(cron_outcome)
     if external_answer is not None:
         if config.external is not None and age_ns < config.external.initial_delay_ns:
+            age, delay = _go_duration(age_ns), _go_duration(config.external.initial_delay_ns)
             outcomes.append(Outcome(Result(Resources(), applied=True), LOW_CONFIDENCE,
-                                    f"Workload created {_go_duration(age_ns)} ago, less than InitialDelayPeriod "
-                                    f"{_go_duration(config.external.initial_delay_ns)}, no update performed"))
+                                    f"Workload created {age} ago, less than InitialDelayPeriod {delay}, "
+                                    "no update performed"))
         else:
             ext, ext_problems = external(external_answer, current)
             problems += [f"spec.autoScalingConfig.externalScaler: answer: {p}" for p in ext_problems]
