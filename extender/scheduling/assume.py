@@ -76,13 +76,15 @@ class AssumeCache:
         previous = self._reservations.pop(uid, None)
         if previous is not None:
             cluster.touch(ledger.release(previous[1]))
-        verdict = evaluate(cluster.slots(node), request, ledger.pods_on(node), cluster.max_pods)
+        verdict = evaluate(cluster.slots(node), request, ledger.pods_on(node), cluster.max_pods,
+                           topology=cluster.topology_for(request.pool))
         if verdict.fit is not Fit.FITS:
             if previous is not None:
                 self._reservations[uid] = previous
                 cluster.touch(ledger.reserve(previous[1]))
             raise PlacementError(f"node {node}: {verdict.message}")
-        gpu_ids = choose_gpus(verdict.fitting, request, cluster.mode_for(request.pool))
+        gpu_ids = choose_gpus(verdict.fitting, request, cluster.mode_for(request.pool),
+                              cluster.topology_for(request.pool))
         priority = pod_priority(pod)
         allocation = Allocation(uid, key, node, gpu_ids, request, priority)
         reservation = Reservation(key, uid, node, gpu_ids, request)
@@ -139,7 +141,8 @@ class AssumeCache:
                            parsed.demand)
         if verdict.fit is not Fit.FITS:
             return
-        gpu_ids = choose_gpus(verdict.fitting, parsed.request, cluster.mode_for(parsed.request.pool))
+        gpu_ids = choose_gpus(verdict.fitting, parsed.request, cluster.mode_for(parsed.request.pool),
+                              cluster.topology_for(parsed.request.pool))
         allocation = Allocation(uid, pod_key(pod), node, gpu_ids, parsed.request, pod_priority(pod))
         self._holds[uid] = allocation
         self._hold_queue.append((self._clock() + self._hold_seconds, allocation))

@@ -94,7 +94,68 @@ class Settings:
     prefer_least_damage: bool = True
 
 
+    def for_pod(self, required: bool | None, max_tier: int | None, source: str | None) -> Settings:
+        """These settings after a pod's overrides (``require-gpu-topology``, ``gpu-topology-max-tier``,
+        ``gpu-topology-source``); None keeps the setting."""
+        if required is None and max_tier is None and source is None:
+            return self
+        mode = self.mode if required is None else TopologyMode.HARD if required else TopologyMode.SOFT
+        return Settings(mode, Source(source) if source else self.source,
+                        self.max_tier if max_tier is None else max_tier, self.unknown_policy,
+                        self.prefer_least_damage)
+
+
 DEFAULT_SETTINGS = Settings()
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def parse_settings(raw: object) -> Settings:
+    """A template's ``spec.placement.gpuTopology`` (the plugin's args: ``mode``, ``topologySource``,
+    ``maxAllowedTier``, ``unknownTopologyPolicy``, ``preferLeastDamage``); absent fields take TensorFusion's
+    defaults. Raises ``SettingsError`` naming the field and value."""
+    if raw is None:
+        return DEFAULT_SETTINGS
+    if not isinstance(raw, dict):
+        raise SettingsError(f"gpuTopology must be a map, got {raw!r}")
+
+    def choice(field: str, kind: type[StrEnum], default: StrEnum) -> StrEnum:
+        value = raw.get(field)
+        if value in (None, ""):
+            return default
+        try:
+            return kind(str(value))
+        except ValueError:
+            allowed = ", ".join(m.value for m in kind)
+            raise SettingsError(f"gpuTopology.{field}={value!r}: allowed: {allowed}") from None
+
+    tier = raw.get("maxAllowedTier")
+    if tier is None or tier == 0:
+        tier = DEFAULT_MAX_TIER  # TensorFusion reads 0 as unset; a pod can still ask for tier 0
+    if isinstance(tier, bool) or not isinstance(tier, int) or not 0 <= tier <= Tier.UNKNOWN:
+        raise SettingsError(f"gpuTopology.maxAllowedTier={tier!r}: must be a tier 0..3")
+    least = raw.get("preferLeastDamage", True)
+    if not isinstance(least, bool):
+        raise SettingsError(f"gpuTopology.preferLeastDamage={least!r}: must be true or false")
+    return Settings(TopologyMode(choice("mode", TopologyMode, TopologyMode.SOFT)),
+                    Source(choice("topologySource", Source, Source.AUTO)), tier,
+                    UnknownPolicy(choice("unknownTopologyPolicy", UnknownPolicy,
+                                         UnknownPolicy.TREAT_AS_WORST)),
+                    least)
+
+
+def hard_verdict(plan: Plan, settings: Settings) -> str | None:
+    """Why hard mode rejects a node whose best set is ``plan`` (None: it does not)."""
+    if settings.mode is not TopologyMode.HARD:
+        return None
+    allowed = f"the pod allows tier {settings.max_tier} at most"
+    if plan.tier is Tier.UNKNOWN and settings.unknown_policy is UnknownPolicy.REJECT:
+        return f"GPU topology unknown here and unknownTopologyPolicy=reject ({allowed})"
+    if plan.tier > settings.max_tier:
+        return f"GPU topology: the best GPU set here is {plan.tier.text}; {allowed}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -172,7 +233,8 @@ def _numa_choose(gpus: Sequence[TopologyGPU], count: int, least_damage: bool, sc
     if len(gpus) < count:
         return Plan((), Tier.UNKNOWN, f"need {count} GPUs, {len(gpus)} free")
     groups = _numa_groups(gpus)
-    whole = [(numa, members) for numa, members in sorted(groups.items()) if numa >= 0 and len(members) >= count]
+    whole = [(numa, members) for numa, members in sorted(groups.items())
+             if numa >= 0 and len(members) >= count]
     if whole:
         # the tightest NUMA node that holds the pod, then the placement mode's best GPUs in it
         numa, members = min(whole, key=lambda e: (len(e[1]), -_best_score_sum(e[1], count, score), e[0]))
@@ -186,7 +248,8 @@ def _numa_choose(gpus: Sequence[TopologyGPU], count: int, least_damage: bool, sc
     return _numa_greedy(count, groups, score)
 
 
-def _largest_numa_domains(groups: dict[int, list[TopologyGPU]], count: int, total: int) -> list[TopologyGPU] | None:
+def _largest_numa_domains(groups: dict[int, list[TopologyGPU]], count: int,
+                          total: int) -> list[TopologyGPU] | None:
     ordered = sorted(groups.items(), key=lambda e: (e[0] < 0, -len(e[1]), e[0]))
     kept: list[TopologyGPU] = []
     for _, members in ordered:

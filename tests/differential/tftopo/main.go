@@ -38,12 +38,19 @@ type caseIn struct {
 	GPUs              []gpuIn `json:"gpus"`
 }
 
-type caseOut struct {
-	Name      string   `json:"name"`
-	GPUs      []string `json:"gpus"`
-	Tier      int      `json:"tier"`
-	Satisfied bool     `json:"satisfied"`
+type answer struct {
+	GPUs []string `json:"gpus"`
+	Tier int      `json:"tier"`
 }
+
+// caseOut lists every answer TensorFusion gave in repeated runs: where NUMA nodes tie, it ranges over a Go
+// map, so its pick among equally good NUMA nodes varies from run to run.
+type caseOut struct {
+	Name    string   `json:"name"`
+	Answers []answer `json:"answers"`
+}
+
+const runs = 40
 
 func evaluator(source string, maxTier int) gputopo.Evaluator {
 	switch source {
@@ -86,16 +93,25 @@ func main() {
 		if c.Scored {
 			scorer = func(gpu *tfv1.GPU) int { return scores[gpu.Name] }
 		}
-		plan, err := evaluator(c.Source, c.MaxAllowedTier).EvaluateWithScorer(gpus, c.Count, c.PreferLeastDamage, scorer)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, c.Name, err)
-			os.Exit(1)
+		seen := map[string]bool{}
+		result := caseOut{Name: c.Name, Answers: []answer{}}
+		for run := 0; run < runs; run++ {
+			plan, err := evaluator(c.Source, c.MaxAllowedTier).EvaluateWithScorer(gpus, c.Count, c.PreferLeastDamage, scorer)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, c.Name, err)
+				os.Exit(1)
+			}
+			ids := plan.BestGPUIds
+			if ids == nil {
+				ids = []string{}
+			}
+			key := fmt.Sprint(ids, plan.Tier)
+			if !seen[key] {
+				seen[key] = true
+				result.Answers = append(result.Answers, answer{GPUs: ids, Tier: int(plan.Tier)})
+			}
 		}
-		ids := plan.BestGPUIds
-		if ids == nil {
-			ids = []string{}
-		}
-		out = append(out, caseOut{Name: c.Name, GPUs: ids, Tier: int(plan.Tier), Satisfied: plan.ModeSatisfied})
+		out = append(out, result)
 	}
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", " ")

@@ -17,7 +17,8 @@ class G:
     links: tuple[Link, ...] = ()
 
 
-def nvlink_node(groups: list[list[int]], numa: list[int] | None = None, pcie_tier: int | None = None) -> list[G]:
+def nvlink_node(groups: list[list[int]], numa: list[int] | None = None,
+                pcie_tier: int | None = None) -> list[G]:
     """GPUs g0..gN; every pair inside a group is NVLinked (tier 0). ``pcie_tier`` reports the other pairs
     with that tier instead of leaving them to NUMA."""
     total = sum(len(g) for g in groups)
