@@ -259,7 +259,10 @@ def fitting_slots(slots: Iterable[Slot], request: GPURequest, demand: Demand | N
     return out
 
 
-def node_fits(slots: Iterable[Slot], request: GPURequest, pods_on_node: int, max_pods: int) -> bool:
+def node_fits(slots: Sequence[Slot], request: GPURequest, pods_on_node: int, max_pods: int,
+              topology: Settings | None = None) -> bool:
+    if is_hard(request, topology):
+        return evaluate(slots, request, pods_on_node, max_pods, topology=topology).fit is Fit.FITS
     return pods_on_node < max_pods and len(fitting_slots(slots, request)) >= request.gpu_count
 
 
