@@ -148,6 +148,22 @@ def table(overrides: Mapping[str, Shape] | None = None) -> dict[str, Shape]:
     return {**BUILT_IN, **(overrides or {})}
 
 
+def from_configmap(obj: Mapping[str, Any] | None) -> dict[str, Shape]:
+    """The table a ConfigMap makes: the built-in entries, then its ``instance-topology.yaml`` (no
+    ConfigMap: the built-in ones). Raises ``TableError`` naming the ConfigMap, the entry and the field."""
+    if obj is None:
+        return table()
+    meta = obj.get("metadata") or {}
+    where = f"ConfigMap {meta.get('namespace', '')}/{meta.get('name', '')}"
+    text = (obj.get("data") or {}).get(CONFIGMAP_KEY)
+    if not isinstance(text, str):
+        raise TableError(f"{where}: needs the key {CONFIGMAP_KEY}")
+    try:
+        return table(parse_table(text))
+    except TableError as exc:
+        raise TableError(f"{where}: {exc}") from None
+
+
 def tier_for(shape: Shape, count: int) -> int:
     """The best tier a ``count``-GPU pod can get on an empty node of this shape (expansion's question)."""
     if count > shape.gpus or count < 1:

@@ -30,6 +30,7 @@ from extender.common.pods import TERMINAL_PHASES, pod_index, pod_key, pod_priori
 from extender.scheduling import preemption, views
 from extender.scheduling.assume import HOLD_SECONDS, AssumeCache, Reservation
 from extender.scheduling.cluster import Cluster, InventorySource, Kind, PodChange
+from extender.scheduling.instance_topology import Shape
 from extender.scheduling.ledger import Allocation, RefusalSink, Resized, ResizeOutcome
 from extender.scheduling.placement import MAX_SCORE, MIN_FIT_SCORE, Fit, Mode, node_order_value, parse_mode
 from extender.scheduling.preemption import PdbCheck, Victim
@@ -100,6 +101,10 @@ class ClusterState:
     def apply(self, kind: Kind, event: str, obj: dict[str, Any]) -> None:
         if self._cluster.apply(kind, event, obj) is not PodChange.UNCHANGED:
             self._assume.forget(pod_uid(obj))
+
+    def set_shapes(self, shapes: Mapping[str, Shape]) -> None:
+        """The instance-type topology table (built-in plus a ConfigMap's entries)."""
+        self._cluster.set_shapes(shapes)
 
     def confirm(self, pod: dict[str, Any]) -> None:
         """A pod read from the API server shows it bound with its GPUs: count that allocation now

@@ -179,3 +179,34 @@ def test_hard_mode_from_the_pool_and_the_unknown_policy() -> None:
     # a pod's require-gpu-topology=false turns a hard pool soft for it
     assert evaluate(slots(plain), req(2, topology_required=False), 0, 256,
                     topology=Settings(mode=TopologyMode.HARD)).fit is Fit.FITS
+
+
+def test_a_configmap_extends_the_table_and_a_broken_one_names_itself() -> None:
+    from extender.scheduling.instance_topology import from_configmap
+
+    assert from_configmap(None) == BUILT_IN
+    good = {"metadata": {"namespace": "tf", "name": "topo"},
+            "data": {"instance-topology.yaml": "lab.4gpu: {gpus: 4, nvlinkGroups: [[0, 1, 2, 3]]}"}}
+    assert set(from_configmap(good)) == set(BUILT_IN) | {"lab.4gpu"}
+    with pytest.raises(TableError, match="ConfigMap tf/topo: needs the key instance-topology.yaml"):
+        from_configmap({**good, "data": {}})
+    with pytest.raises(TableError, match="ConfigMap tf/topo: lab: gpus must be 1..64"):
+        from_configmap({**good, "data": {"instance-topology.yaml": "lab: {gpus: 99}"}})
+
+
+def test_the_cluster_rereads_feature_discovery_nodes_when_the_table_changes() -> None:
+    from extender.scheduling.cluster import Cluster, Kind
+    from extender.scheduling.instance_topology import table
+    from extender.scheduling.requests import RequestCache
+
+    cluster = Cluster(RequestCache())
+    node = {"metadata": {"name": "n1", "labels": {
+        "nvidia.com/gpu.count": "4", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
+        "node.kubernetes.io/instance-type": "lab.4gpu", "tensor-fusion.ai/gpupool": "p"}}}
+    cluster.apply(Kind.NODE, "ADDED", node)
+    assert all(d.links == () for d in cluster.devices["n1"])
+    tick = cluster.tick
+    cluster.set_shapes(table(parse_table("lab.4gpu: {gpus: 4, nvlinkGroups: [[0, 1], [2, 3]]}")))
+    assert cluster.tick > tick
+    assert [len(d.links) for d in cluster.devices["n1"]] == [1, 1, 1, 1]
+    assert tier_of(cluster.slots("n1"), ["n1-gpu-0", "n1-gpu-1"]) is Tier.NVLINK
