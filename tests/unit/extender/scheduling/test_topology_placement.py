@@ -188,9 +188,9 @@ def test_a_configmap_extends_the_table_and_a_broken_one_names_itself() -> None:
     good = {"metadata": {"namespace": "tf", "name": "topo"},
             "data": {"instance-topology.yaml": "lab.4gpu: {gpus: 4, nvlinkGroups: [[0, 1, 2, 3]]}"}}
     assert set(from_configmap(good)) == set(BUILT_IN) | {"lab.4gpu"}
-    with pytest.raises(TableError, match="ConfigMap tf/topo: needs the key instance-topology.yaml"):
+    with pytest.raises(TableError, match=r"ConfigMap tf/topo: needs the key instance-topology\.yaml"):
         from_configmap({**good, "data": {}})
-    with pytest.raises(TableError, match="ConfigMap tf/topo: lab: gpus must be 1..64"):
+    with pytest.raises(TableError, match=r"ConfigMap tf/topo: lab: gpus must be 1\.\.64"):
         from_configmap({**good, "data": {"instance-topology.yaml": "lab: {gpus: 99}"}})
 
 
