@@ -210,3 +210,14 @@ def test_the_cluster_rereads_feature_discovery_nodes_when_the_table_changes() ->
     assert cluster.tick > tick
     assert [len(d.links) for d in cluster.devices["n1"]] == [1, 1, 1, 1]
     assert tier_of(cluster.slots("n1"), ["n1-gpu-0", "n1-gpu-1"]) is Tier.NVLINK
+
+
+def test_topology_overrides_are_part_of_the_request_shape() -> None:
+    """Pods alike but for a topology override never share a verdict table: a hard pod's "no" on a node
+    must not be the soft pod's answer."""
+    from extender.scheduling.requests import shape
+
+    soft = req(4)
+    assert shape(soft) != shape(req(4, topology_required=True))
+    assert shape(soft) != shape(req(4, topology_max_tier=0))
+    assert shape(soft) != shape(req(4, topology_source="numa"))
