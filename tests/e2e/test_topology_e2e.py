@@ -106,7 +106,7 @@ def test_a_1_gpu_pod_keeps_an_island_whole_for_the_4_gpu_pod_after_it(topology_n
     n.ready()
     # by load alone, the 1-GPU pod would take gpu-0 (idle, first by name) and split island 0
     n.pod("small", 50, 1)
-    node, small = n.placement("small")
+    _, small = n.placement("small")
     assert small <= {n.gpu(i) for i in (5, 6, 7)}
     n.pod("large", 50, 4)
     assert n.placement("large") == (n.name, {n.gpu(i) for i in range(4)})

@@ -221,3 +221,22 @@ def test_topology_overrides_are_part_of_the_request_shape() -> None:
     assert shape(soft) != shape(req(4, topology_required=True))
     assert shape(soft) != shape(req(4, topology_max_tier=0))
     assert shape(soft) != shape(req(4, topology_source="numa"))
+
+
+def test_simulate_reports_the_tier_of_each_multi_gpu_pod() -> None:
+    from extender.simulate_cmd import simulate
+    from tests.unit.fixtures.simulate import CLUSTER, gpu, pod
+
+    cluster = [o for o in CLUSTER if o["kind"] in ("GPUPool", "SchedulingConfigTemplate")]
+    for i in range(4):  # node c: NVLink pairs (0,1) and (2,3), NUMA pairs
+        g = gpu(f"c-{i}", "c")
+        g["status"].update(uuid=f"c-{i}", numaNode=i // 2, topology={"peers": [
+            {"peerGPUUUID": f"c-{i ^ 1}", "tier": 0}]})
+        cluster.append(g)
+    pair, four, one = pod("pair", "10"), pod("four", "10"), pod("one", "10")
+    pair["metadata"]["annotations"]["tensor-fusion.ai/gpu-count"] = "2"
+    four["metadata"]["annotations"]["tensor-fusion.ai/gpu-count"] = "4"
+    results = {r["pod"]: r for r in simulate(cluster, [pair, four, one], None)}
+    assert results["ml/pair"]["tier"] == 0 and len(results["ml/pair"]["gpus"]) == 2
+    assert results["ml/four"]["tier"] == 2
+    assert "tier" not in results["ml/one"]
