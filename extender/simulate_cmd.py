@@ -113,8 +113,8 @@ def place(state: ClusterState, pod: dict[str, Any]) -> dict[str, Any]:
     pod.setdefault("status", {})["phase"] = "Running"
     state.apply(Kind.POD, "ADDED", pod)
     result: dict[str, Any] = {"pod": key, "node": node, "gpus": list(reservation.gpu_ids)}
-    if len(reservation.gpu_ids) > 1:  # the GPU topology tier the pod's GPUs have (docs/topology.md)
-        result["tier"] = int(state.gpu_tier(node, reservation.gpu_ids, reservation.request))
+    if reservation.tier is not None:  # a multi-GPU pod: the GPU topology tier of its GPUs (docs/topology.md)
+        result["tier"] = reservation.tier
     return result
 
 

@@ -228,6 +228,9 @@ class Binder:
             return ""  # EARLIER: the pod holds the GPUs of an earlier bind, now counted by confirm()
         self.events.record(pod, "GPUDeviceAllocated", describe_allocation(reservation.gpu_ids, node,
                                                                            reservation.request))
+        tier = getattr(reservation, "tier", None)  # multi-GPU pods only
+        if tier is not None and self.metrics is not None:
+            self.metrics.topology_placements.labels(reservation.request.pool, str(tier)).inc()
         bind_log.write(logging.INFO, "bound", {"pod": f"{ns}/{name}", "node": node,
                                                "gpus": annotations[GPU_IDS], "index": index})
         self._spawn(self._settle(reservation, ns, name))

@@ -82,6 +82,8 @@ def test_a_4_gpu_pod_lands_on_one_nvlink_island(topology_node):
     # by load alone NodeCompactGPULowLoad would take gpu-1..gpu-4, across the two islands
     n.pod("train", 50, 4)
     assert n.placement("train") == (n.name, {n.gpu(i) for i in (4, 5, 6, 7)})
+    cpl.wait_until(lambda: n.extender.metric("tf_extender_gpu_topology_placements_total", pool=n.pool,
+                                             tier="0") == 1, 10, what="a tier-0 placement counted")
 
 
 def test_a_hard_topology_pod_stays_pending_and_says_why(topology_node, api_client, namespace):
