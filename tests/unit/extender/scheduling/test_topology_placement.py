@@ -240,3 +240,21 @@ def test_simulate_reports_the_tier_of_each_multi_gpu_pod() -> None:
     assert results["ml/pair"]["tier"] == 0 and len(results["ml/pair"]["gpus"]) == 2
     assert results["ml/four"]["tier"] == 2
     assert "tier" not in results["ml/one"]
+
+
+def test_expansion_buys_an_instance_type_whose_topology_meets_a_hard_pod() -> None:
+    from extender.controllers.expansion.fit import empty_copy_fits
+    from extender.controllers.expansion.karpenter import NodePoolChoice, nodepool_choice
+
+    nodepool = {"metadata": {"name": "gpu"}, "spec": {"template": {
+        "metadata": {"labels": {"nvidia.com/gpu.count": "8", "tensor-fusion.ai/gpupool": "p",
+                                "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}},
+        "spec": {"requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In",
+                                   "values": ["g5.48xlarge", "p4d.24xlarge"]}]}}}}
+    hard = req(8, topology_required=True, topology_max_tier=0)
+    choice = nodepool_choice(None, "p", nodepool, hard)
+    assert isinstance(choice, NodePoolChoice) and choice.instance_type == "p4d.24xlarge"
+    assert empty_copy_fits(choice.devices, hard)
+    soft = nodepool_choice(None, "p", nodepool, req(8))
+    assert isinstance(soft, NodePoolChoice) and soft.instance_type is None  # Karpenter picks
+    assert not empty_copy_fits(soft.devices, hard)  # no known topology: tier 3
