@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from extender.scheduling.topology import Link, Tier, choose
+from extender.scheduling.topology import Link, Plan, Settings, Tier, TopologyMode, choose, hard_verdict
 
 CONFIGMAP_KEY = "instance-topology.yaml"
 
@@ -162,6 +162,18 @@ def from_configmap(obj: Mapping[str, Any] | None) -> dict[str, Shape]:
         return table(parse_table(text))
     except TableError as exc:
         raise TableError(f"{where}: {exc}") from None
+
+
+def instance_meets(instance_type: str, gpus: int, count: int, settings: Settings,
+                   shapes: Mapping[str, Shape] | None = None) -> bool:
+    """Whether a new node of ``instance_type`` (``gpus`` GPUs) gives a ``count``-GPU pod a GPU set its
+    topology settings accept: always in soft mode; in hard mode by the table's tier (3 when the table does
+    not know the type)."""
+    if settings.mode is not TopologyMode.HARD:
+        return True
+    shape = (shapes if shapes is not None else BUILT_IN).get(instance_type)
+    tier = tier_for(shape, count) if shape is not None and shape.gpus == gpus else int(Tier.UNKNOWN)
+    return hard_verdict(Plan((), Tier(tier)), settings) is None
 
 
 def tier_for(shape: Shape, count: int) -> int:

@@ -258,3 +258,19 @@ def test_expansion_buys_an_instance_type_whose_topology_meets_a_hard_pod() -> No
     soft = nodepool_choice(None, "p", nodepool, req(8))
     assert isinstance(soft, NodePoolChoice) and soft.instance_type is None  # Karpenter picks
     assert not empty_copy_fits(soft.devices, hard)  # no known topology: tier 3
+
+
+def test_the_capacity_planner_buys_only_instance_types_whose_topology_meets_a_hard_pod() -> None:
+    from fractions import Fraction
+
+    from extender.controllers.capacity.launch_plan import _holds
+    from extender.planning.catalog import DEFAULT_TYPES
+    from extender.planning.offerings import Offering
+
+    offers = {t.name: Offering(t, "on-demand", "", Fraction(1)) for t in DEFAULT_TYPES if t.gpu_count == 8}
+    hard = req(8, topology_required=True, topology_max_tier=0)
+    holding = sorted(n for n, o in offers.items() if _holds(o, hard, Settings()))
+    assert holding == ["p4d.24xlarge", "p5.48xlarge"]
+    assert all(_holds(o, req(8), Settings()) for o in offers.values())  # soft: any 8-GPU type
+    numa_ok = req(4, topology_required=True, topology_max_tier=1)  # 4 A10G on one NUMA node
+    assert _holds(offers["g5.48xlarge"], numa_ok, Settings())
