@@ -129,6 +129,17 @@ def watch_instance_topology(informers: Informers, state: ClusterState, ref: str)
     return cache
 
 
+def warn_bad_topology_settings(templates: WatchCache, state: ClusterState) -> None:
+    """Say in the log when a SchedulingConfigTemplate's ``placement.gpuTopology`` cannot be read."""
+    def changed(event: str, obj: dict[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        error = None if event == "DELETED" else state.topology_error(name)
+        if error:
+            log.warning("GPU topology setting ignored, TensorFusion's defaults apply: %s", error)
+
+    templates.subscribe(changed)
+
+
 class ExtenderService:
     def __init__(self, api_client: client.ApiClient, settings: Settings,
                  hooks: tuple[FilterHook, ...] = ()) -> None:
@@ -141,6 +152,7 @@ class ExtenderService:
         self.informers = Informers(api_client)
         self.core = build_core_caches(self.informers, self.state, settings.inventory)
         topology = watch_instance_topology(self.informers, self.state, settings.instance_topology_configmap)
+        warn_bad_topology_settings(self.core.templates, self.state)
         self._synced = False
         self.recorder = EventRecorder(api_client, COMPONENT, kube=self.kube)
         pod_api = KubePodApi(self.kube)

@@ -136,6 +136,11 @@ class ClusterState:
     def topology_for(self, pool: str | None) -> TopologySettings:
         return self._cluster.topology_for(pool)
 
+    def topology_error(self, template: str) -> str | None:
+        """Why a SchedulingConfigTemplate's ``placement.gpuTopology`` was not read (its pools then have
+        TensorFusion's defaults), if it was not."""
+        return self._cluster.topology_errors.get(template)
+
     def gpu_tier(self, node: str, gpu_ids: Iterable[str], request: GPURequest) -> Tier:
         """The topology tier of a pod's GPUs on ``node``, judged with the pod's topology source."""
         settings = topology_settings(request, self._cluster.topology_for(request.pool))

@@ -112,3 +112,18 @@ def test_a_1_gpu_pod_keeps_an_island_whole_for_the_4_gpu_pod_after_it(topology_n
     assert small <= {n.gpu(i) for i in (5, 6, 7)}
     n.pod("large", 50, 4)
     assert n.placement("large") == (n.name, {n.gpu(i) for i in range(4)})
+
+
+def test_hard_mode_from_the_pools_template_and_a_pods_soft_override(topology_node, api_client, namespace):
+    n = topology_node()
+    client.CustomObjectsApi(api_client).patch_cluster_custom_object(
+        cpl.TF_GROUP, cpl.TF_VERSION, "schedulingconfigtemplates", f"{n.pool}-placement",
+        {"spec": {"placement": {"gpuTopology": {"mode": "hard", "maxAllowedTier": 1}}}})
+    n.build([0, 0, 1, 1], [])
+    n.ready()
+    n.pod("strict", 10, 4)
+    message = cpl.wait_until(lambda: cpl.scheduling_failure(api_client, namespace, "strict"), 60,
+                             what="PodScheduled=False")
+    assert "tier 2 (across NUMA nodes); the pod allows tier 1 at most" in message
+    n.pod("relaxed", 10, 4, **{"tensor-fusion.ai/require-gpu-topology": "false"})
+    assert n.placement("relaxed") == (n.name, {n.gpu(i) for i in range(4)})
