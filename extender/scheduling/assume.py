@@ -143,7 +143,7 @@ class AssumeCache:
         if previous is not None:
             cluster.touch(ledger.release(previous))
         verdict = evaluate(cluster.slots(node), parsed.request, ledger.pods_on(node), cluster.max_pods,
-                           parsed.demand)
+                           parsed.demand, cluster.topology_for(parsed.request.pool))
         if verdict.fit is not Fit.FITS:
             return
         gpu_ids = choose_gpus(verdict.fitting, parsed.request, cluster.mode_for(parsed.request.pool),
