@@ -84,6 +84,9 @@ def test_a_4_gpu_pod_lands_on_one_nvlink_island(topology_node):
     assert n.placement("train") == (n.name, {n.gpu(i) for i in (4, 5, 6, 7)})
     cpl.wait_until(lambda: n.extender.metric("tf_extender_gpu_topology_placements_total", pool=n.pool,
                                              tier="0") == 1, 10, what="a tier-0 placement counted")
+    events = cpl.wait_until(lambda: cpl.pod_events(n.api, n.namespace, "train", "GPUDeviceAllocated"), 30,
+                            what="the bind's event")
+    assert events[0].message.endswith("; GPU topology tier 0 (one NVLink group)")
 
 
 def test_a_hard_topology_pod_stays_pending_and_says_why(topology_node, api_client, namespace):
