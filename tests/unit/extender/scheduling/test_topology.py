@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from extender.scheduling.topology import Link, Source, Tier, choose, nvlink_groups, pair_tiers, set_tier
 
@@ -157,3 +160,41 @@ def test_many_candidates_stay_within_the_combination_cap() -> None:
     plan = choose(free, 5)
     assert plan.tier is Tier.NUMA
     assert len(plan.gpus) == 5
+
+
+@st.composite
+def small_nodes(draw: st.DrawFn) -> tuple[list[G], int]:
+    n = draw(st.integers(2, 8))
+    numa = draw(st.lists(st.sampled_from([None, 0, 1, 2]), min_size=n, max_size=n))
+    links: list[list[Link]] = [[] for _ in range(n)]
+    for a, b in draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=12)):
+        if a != b:
+            links[a].append(Link(f"u{b}", draw(st.integers(0, 3))))
+    gpus = [G(f"g{i}", f"u{i}", numa[i], tuple(links[i])) for i in range(n)]
+    return gpus, draw(st.integers(2, n))
+
+
+def _numa_set_tier(subset: list[G]) -> int:
+    nodes = {g.numa_node for g in subset}
+    if None in nodes:
+        return Tier.UNKNOWN if len(nodes) == 1 else Tier.CROSS_NUMA
+    return Tier.NUMA if len(nodes) == 1 else Tier.CROSS_NUMA
+
+
+@settings(max_examples=400, deadline=None)
+@given(small_nodes())
+def test_never_a_worse_tier_than_some_free_set_allows(node: tuple[list[G], int]) -> None:
+    """Up to 8 candidates every set is looked at (C(8, 4) = 70 <= 256): the chosen tier is the best any set
+    of that size has, judged the way the evaluator judges this node (peer links if any GPU has them)."""
+    gpus, count = node
+    plan = choose(gpus, count)
+    assert len(plan.gpus) == count
+    if any(g.links for g in gpus):
+        tiers, _ = pair_tiers(gpus)
+        best = min(max(tiers[a][b] for a, b in itertools.combinations(combo, 2))
+                   for combo in itertools.combinations(range(len(gpus)), count))
+    elif any(g.numa_node is not None for g in gpus):
+        best = min(_numa_set_tier(list(c)) for c in itertools.combinations(gpus, count))
+    else:
+        best = Tier.UNKNOWN
+    assert plan.tier == best
