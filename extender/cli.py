@@ -51,6 +51,10 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                        choices=[s.value for s in InventorySource],
                        help="GPUs from TensorFusion GPU objects, from GPU Feature Discovery node labels, or "
                             "auto: GPU objects where a node has them, labels elsewhere (default auto)")
+    serve.add_argument("--instance-topology-configmap", default="", metavar="NAMESPACE/NAME",
+                       help="a ConfigMap whose instance-topology.yaml adds or replaces entries of the "
+                            "built-in GPU topology table of cloud instance types (docs/topology.md); watched "
+                            "(default: the built-in table only)")
     serve.add_argument("--max-pods-per-node", type=_positive, default=256,
                        help="at most this many GPU pods per node (default 256)")
     serve.add_argument("--bind-deadline", type=duration("--bind-deadline", positive=True), default=55.0,
@@ -164,6 +168,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         port=args.port, bind_address=args.bind_address, prefix=args.prefix, cert_dir=args.cert_dir,
         metrics_port=args.metrics_port, metrics_bind_address=args.metrics_bind_address,
         inventory=InventorySource(args.inventory_source), max_pods_per_node=args.max_pods_per_node,
+        instance_topology_configmap=args.instance_topology_configmap,
         bind_deadline=args.bind_deadline, filter_first_choice=args.filter_first_choice,
         lease_namespace=leadership.from_args(args),
         controllers={package.NAME: package.from_args(args) for package in registry.CONTROLLERS},

@@ -40,6 +40,7 @@ from extender.kube.aio import AsyncKube
 from extender.kube.events import EventRecorder
 from extender.kube.informer import Informers, WatchCache
 from extender.kube.pods import KubePodApi
+from extender.scheduling import instance_topology
 from extender.scheduling.ledger import Allocation, Distrust
 from extender.scheduling.pdb import PdbGuard
 from extender.scheduling.state import ClusterState, InventorySource, Kind
@@ -76,6 +77,7 @@ class Settings:
     cert_dir: str | None = None
     cert_interval: float = 30.0
     inventory: InventorySource = InventorySource.AUTO
+    instance_topology_configmap: str = ""  # NAMESPACE/NAME: entries over the built-in instance-type table
     max_pods_per_node: int = 256
     deadline: float = DEFAULT_DEADLINE
     bind_deadline: float = DEFAULT_BIND_DEADLINE
@@ -108,6 +110,36 @@ def build_core_caches(informers: Informers, state: ClusterState, inventory: Inve
     return CoreCaches(nodes=nodes, pods=pods, gpupools=gpupools, templates=templates, gpus=gpus)
 
 
+def watch_instance_topology(informers: Informers, state: ClusterState, ref: str) -> WatchCache | None:
+    """Keep the state's instance-type topology table in step with a ConfigMap (``NAMESPACE/NAME``). A
+    broken ConfigMap keeps the last good table and says why in the log, once per change."""
+    namespace, _, name = ref.partition("/")
+    if not ref or not name:
+        return None
+    cache = informers.cache(resources.CONFIGMAPS, namespace=namespace, field_selector=f"metadata.name={name}",
+                            optional=True, name="instance-topology")
+
+    def changed(event: str, obj: dict[str, Any]) -> None:
+        try:
+            state.set_shapes(instance_topology.from_configmap(None if event == "DELETED" else obj))
+        except instance_topology.TableError as exc:
+            log.warning("instance topology table kept: %s", exc)
+
+    cache.subscribe(changed)
+    return cache
+
+
+def warn_bad_topology_settings(templates: WatchCache, state: ClusterState) -> None:
+    """Say in the log when a SchedulingConfigTemplate's ``placement.gpuTopology`` cannot be read."""
+    def changed(event: str, obj: dict[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        error = None if event == "DELETED" else state.topology_error(name)
+        if error:
+            log.warning("GPU topology setting ignored, TensorFusion's defaults apply: %s", error)
+
+    templates.subscribe(changed)
+
+
 class ExtenderService:
     def __init__(self, api_client: client.ApiClient, settings: Settings,
                  hooks: tuple[FilterHook, ...] = ()) -> None:
@@ -119,11 +151,13 @@ class ExtenderService:
                                   on_refused=self.distrusted, on_room=self._room_gained)
         self.informers = Informers(api_client)
         self.core = build_core_caches(self.informers, self.state, settings.inventory)
+        topology = watch_instance_topology(self.informers, self.state, settings.instance_topology_configmap)
+        warn_bad_topology_settings(self.core.templates, self.state)
         self._synced = False
         self.recorder = EventRecorder(api_client, COMPONENT, kube=self.kube)
         pod_api = KubePodApi(self.kube)
         self.pdb: PdbGuard | None = None
-        self.ready_caches: tuple[WatchCache, ...] = self.core.all
+        self.ready_caches: tuple[WatchCache, ...] = self.core.all + ((topology,) if topology else ())
         if settings.of(preemptor):
             # PodDisruptionBudgets, for the choice of victims (the Eviction API enforces them as well)
             pdbs = self.informers.cache(resources.PDBS, name="poddisruptionbudgets", optional=True)

@@ -112,7 +112,10 @@ def place(state: ClusterState, pod: dict[str, Any]) -> dict[str, Any]:
     pod.setdefault("spec", {})["nodeName"] = node
     pod.setdefault("status", {})["phase"] = "Running"
     state.apply(Kind.POD, "ADDED", pod)
-    return {"pod": key, "node": node, "gpus": list(reservation.gpu_ids)}
+    result: dict[str, Any] = {"pod": key, "node": node, "gpus": list(reservation.gpu_ids)}
+    if reservation.tier is not None:  # a multi-GPU pod: the GPU topology tier of its GPUs (docs/topology.md)
+        result["tier"] = reservation.tier
+    return result
 
 
 def simulate(cluster_objects: list[dict[str, Any]], pods: list[dict[str, Any]],
@@ -197,7 +200,9 @@ def main_simulate(args: argparse.Namespace) -> int:
         progress.begin("writing the results")
         output = getattr(args, "output", "json")
         if output == "table":
-            sys.stdout.write(table(results, ("pod", "node", "gpus", "reason")))
+            tier = ("tier",) if any("tier" in r for r in results) else ()
+            columns = ("pod", "node", "gpus", *tier, "reason")
+            sys.stdout.write(table(results, columns))
         elif output == "yaml":
             sys.stdout.write(yaml_document(results))
         else:

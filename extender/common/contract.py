@@ -50,6 +50,13 @@ AUTOSCALE = _key("autoscale")
 AUTOSCALE_TARGET = _key("autoscale-target")
 INJECT_CONTAINER = _key("inject-container")
 
+# GPU topology overrides of one pod (TensorFusion's GPUNetworkTopologyAware plugin; docs/topology.md)
+REQUIRE_GPU_TOPOLOGY = _key("require-gpu-topology")  # "true": hard mode, "false": soft mode
+GPU_TOPOLOGY_MAX_TIER = _key("gpu-topology-max-tier")  # 0 NVLink group, 1 NUMA node, 2 across NUMA, 3 unknown
+GPU_TOPOLOGY_SOURCE = _key("gpu-topology-source")  # auto | numa | vendor
+GPU_TOPOLOGY_SOURCES = ("auto", "numa", "vendor")
+MAX_TOPOLOGY_TIER = 3
+
 # Annotations written at bind time: the durable allocation record
 GPU_IDS = _key("gpu-ids")
 POD_INDEX = _key("index")
@@ -135,6 +142,10 @@ class GPURequest(BaseModel):
     workload_profile: str | None = None
     autoscale: bool = False
     autoscale_target: AutoscaleTarget = AutoscaleTarget.ALL
+    # topology overrides; None: the pool's setting
+    topology_required: bool | None = None
+    topology_max_tier: int | None = None
+    topology_source: str | None = None
 
     @property
     def uses_percent(self) -> bool:
@@ -250,7 +261,30 @@ def parse_request(annotations: Mapping[str, str], context: RequestContext | None
         workload_profile=_text(values, WORKLOAD_PROFILE),
         autoscale=_boolean(values, AUTOSCALE),
         autoscale_target=_choice(values, AUTOSCALE_TARGET, AutoscaleTarget, default=AutoscaleTarget.ALL),
+        **_topology_overrides(values),
     )
+
+
+def _topology_overrides(values: _Layered) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    required = _raw(values, REQUIRE_GPU_TOPOLOGY)
+    if required:
+        if required not in ("true", "false"):
+            raise values.error(REQUIRE_GPU_TOPOLOGY, 'must be "true" (hard) or "false" (soft)')
+        out["topology_required"] = required == "true"
+    tier = _raw(values, GPU_TOPOLOGY_MAX_TIER)
+    if tier:
+        if not (tier.isdigit() and int(tier) <= MAX_TOPOLOGY_TIER):
+            raise values.error(GPU_TOPOLOGY_MAX_TIER, "must be a tier 0..3 (0 one NVLink group, "
+                               "1 one NUMA node, 2 across NUMA nodes, 3 unknown)")
+        out["topology_max_tier"] = int(tier)
+    source = _raw(values, GPU_TOPOLOGY_SOURCE)
+    if source:
+        if source not in GPU_TOPOLOGY_SOURCES:
+            allowed = ", ".join(GPU_TOPOLOGY_SOURCES)
+            raise values.error(GPU_TOPOLOGY_SOURCE, f"unknown value; allowed: {allowed}")
+        out["topology_source"] = source
+    return out
 
 
 def render_annotations(request: GPURequest) -> dict[str, str]:

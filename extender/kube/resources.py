@@ -21,6 +21,7 @@ class Resource:
 
 PODS = Resource("", "v1", "pods", "Pod", True)
 NODES = Resource("", "v1", "nodes", "Node", False)
+CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap", True)
 EVENTS = Resource("", "v1", "events", "Event", True)
 REPLICASETS = Resource("apps", "v1", "replicasets", "ReplicaSet", True)
 DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", True)

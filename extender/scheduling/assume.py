@@ -23,7 +23,7 @@ from extender.common.contract import GPURequest
 from extender.common.pods import TERMINAL_PHASES, pod_index, pod_key, pod_priority, pod_uid
 from extender.scheduling.cluster import Cluster, PodRecord
 from extender.scheduling.ledger import Allocation
-from extender.scheduling.placement import Fit, choose_gpus, evaluate
+from extender.scheduling.placement import Fit, choose_gpus, evaluate, tier_of, topology_settings
 from extender.scheduling.requests import Parsed, PlacementError
 
 HOLD_SECONDS = 10.0  # a filter's first choice is held this long for the bind that should follow
@@ -37,6 +37,7 @@ class Reservation:
     node: str
     gpu_ids: tuple[str, ...]
     request: GPURequest
+    tier: int | None = None  # a multi-GPU pod: the GPU topology tier of its GPUs (docs/topology.md)
 
 
 class AssumeCache:
@@ -76,16 +77,22 @@ class AssumeCache:
         previous = self._reservations.pop(uid, None)
         if previous is not None:
             cluster.touch(ledger.release(previous[1]))
-        verdict = evaluate(cluster.slots(node), request, ledger.pods_on(node), cluster.max_pods)
+        verdict = evaluate(cluster.slots(node), request, ledger.pods_on(node), cluster.max_pods,
+                           topology=cluster.topology_for(request.pool))
         if verdict.fit is not Fit.FITS:
             if previous is not None:
                 self._reservations[uid] = previous
                 cluster.touch(ledger.reserve(previous[1]))
             raise PlacementError(f"node {node}: {verdict.message}")
-        gpu_ids = choose_gpus(verdict.fitting, request, cluster.mode_for(request.pool))
+        gpu_ids = choose_gpus(verdict.fitting, request, cluster.mode_for(request.pool),
+                              cluster.topology_for(request.pool))
         priority = pod_priority(pod)
         allocation = Allocation(uid, key, node, gpu_ids, request, priority)
-        reservation = Reservation(key, uid, node, gpu_ids, request)
+        tier = None
+        if len(gpu_ids) > 1:
+            source = topology_settings(request, cluster.topology_for(request.pool)).source
+            tier = int(tier_of(cluster.slots(node), gpu_ids, source))
+        reservation = Reservation(key, uid, node, gpu_ids, request, tier)
         self._reservations[uid] = (reservation, allocation)
         self._add_reserved_pod(PodRecord(uid, key, node, "", pod_index(pod), priority))
         cluster.touch(ledger.reserve(allocation))
@@ -136,10 +143,11 @@ class AssumeCache:
         if previous is not None:
             cluster.touch(ledger.release(previous))
         verdict = evaluate(cluster.slots(node), parsed.request, ledger.pods_on(node), cluster.max_pods,
-                           parsed.demand)
+                           parsed.demand, cluster.topology_for(parsed.request.pool))
         if verdict.fit is not Fit.FITS:
             return
-        gpu_ids = choose_gpus(verdict.fitting, parsed.request, cluster.mode_for(parsed.request.pool))
+        gpu_ids = choose_gpus(verdict.fitting, parsed.request, cluster.mode_for(parsed.request.pool),
+                              cluster.topology_for(parsed.request.pool))
         allocation = Allocation(uid, pod_key(pod), node, gpu_ids, parsed.request, pod_priority(pod))
         self._holds[uid] = allocation
         self._hold_queue.append((self._clock() + self._hold_seconds, allocation))

@@ -26,6 +26,8 @@ from extender.common.contract import (
 )
 from extender.common.pods import TERMINAL_PHASES, as_map, pod_index, pod_key, pod_priority, pod_uid
 from extender.scheduling.columns import GPUColumns
+from extender.scheduling.instance_topology import BUILT_IN as BUILT_IN_SHAPES
+from extender.scheduling.instance_topology import Shape
 from extender.scheduling.inventory import (
     GPUDevice,
     gpu_from_object,
@@ -36,10 +38,12 @@ from extender.scheduling.inventory import (
     pool_is_default,
     pool_template,
     template_mode,
+    template_topology,
 )
 from extender.scheduling.ledger import Allocation, Ledger, RefusalSink
 from extender.scheduling.placement import DEFAULT_MODE, Mode, Slot, mean_load, parse_mode
 from extender.scheduling.requests import Parsed, RequestCache
+from extender.scheduling.topology import DEFAULT_SETTINGS, Settings, SettingsError, parse_settings
 
 CHANGE_LOG_SIZE = 100_000
 _LEDGER_POOL = "-"  # the pool does not change what a bound pod holds
@@ -103,6 +107,10 @@ class Cluster:
         self._node_labels: dict[str, dict[str, str]] = {}
         self._pools: dict[str, tuple[str | None, bool]] = {}  # name -> (template, is default)
         self._templates: dict[str, Mode | None] = {}
+        # template -> its topology setting; an unreadable one keeps TensorFusion's defaults (and says why)
+        self._topology: dict[str, Settings] = {}
+        self.topology_errors: dict[str, str] = {}
+        self.shapes: dict[str, Shape] = dict(BUILT_IN_SHAPES)  # instance type -> GPU topology
         # uid -> the (gpu-ids, allocated) annotations the ledger's count of a bound pod was read from
         self._counted_from: dict[str, tuple[Any, Any]] = {}
         self.tick = 0  # one step per node change; self._changes[i] changed at tick base + i + 1
@@ -130,6 +138,9 @@ class Cluster:
         sim._node_labels = dict(self._node_labels)  # label maps are replaced, never changed in place
         sim._pools = dict(self._pools)
         sim._templates = dict(self._templates)
+        sim._topology = dict(self._topology)
+        sim.topology_errors = dict(self.topology_errors)
+        sim.shapes = dict(self.shapes)
         sim._counted_from = dict(self._counted_from)
         sim._changes = []
         sim._changes_base = self.tick
@@ -153,10 +164,16 @@ class Cluster:
             self._apply_pool(obj, deleted)
         elif kind is Kind.TEMPLATE:
             name = object_name(obj)
+            self._topology.pop(name, None)
+            self.topology_errors.pop(name, None)
             if deleted:
                 self._templates.pop(name, None)
             else:
                 self._templates[name] = parse_mode(template_mode(obj))
+                try:
+                    self._topology[name] = parse_settings(template_topology(obj))
+                except SettingsError as exc:
+                    self.topology_errors[name] = f"SchedulingConfigTemplate {name}: {exc}"
         return PodChange.UNCHANGED
 
     def _apply_pod(self, obj: dict[str, Any], deleted: bool) -> PodChange:
@@ -267,7 +284,16 @@ class Cluster:
         labels = self._node_labels.get(node)
         if self.source is InventorySource.GPU_OBJECTS or not labels or not has_gfd_labels(labels):
             return []
-        return gpus_from_node_labels(node, labels, self.default_pool)
+        return gpus_from_node_labels(node, labels, self.default_pool, self.shapes)
+
+    def set_shapes(self, shapes: Mapping[str, Shape]) -> None:
+        """The instance-type topology table (built-in entries plus a ConfigMap's) changed: re-read the nodes
+        whose GPUs come from feature-discovery labels."""
+        if shapes == self.shapes:
+            return
+        self.shapes = dict(shapes)
+        for node in list(self._node_labels):
+            self._refresh_node(node)
 
     def _refresh_node(self, node: str) -> None:
         old = {d.name: d for d in self.devices.get(node, [])}
@@ -343,6 +369,11 @@ class Cluster:
             return self.override
         template, _ = self._pools.get(pool or "", (None, False))
         return self._templates.get(template or "") or DEFAULT_MODE
+
+    def topology_for(self, pool: str | None) -> Settings:
+        """The pool's GPU topology setting (its SchedulingConfigTemplate's ``placement.gpuTopology``)."""
+        template, _ = self._pools.get(pool or "", (None, False))
+        return self._topology.get(template or "") or DEFAULT_SETTINGS
 
     def nodes(self) -> list[str]:
         """Every node with at least one GPU known to the extender, by name."""

@@ -13,9 +13,11 @@ from fractions import Fraction
 from typing import Any
 
 from extender.common.contract import DEFAULT_POOL_ANNOTATION, POOL_LABEL_ON_GPU, USED_BY_TAINT_VALUE
-from extender.common.labels import GFD_COUNT, GFD_MEMORY, GFD_PRODUCT, HOSTNAME
+from extender.common.labels import GFD_COUNT, GFD_MEMORY, GFD_PRODUCT, HOSTNAME, INSTANCE_TYPE
 from extender.common.quantity import QuantityError, parse_quantity
 from extender.scheduling import gpu_models
+from extender.scheduling.instance_topology import Shape
+from extender.scheduling.topology import Link
 
 NANO = 10**9
 GFD_LABELS = (GFD_COUNT, GFD_PRODUCT, GFD_MEMORY)
@@ -38,12 +40,14 @@ class GPUDevice:
     capacity_vram: int  # bytes
     synthetic: bool = False
     uuid: str = ""  # status.uuid: the device UUID as NVML (and so dcgm-exporter) writes it
+    numa_node: int | None = None  # status.numaNode (-1 there: none)
+    links: tuple[Link, ...] = ()  # status.topology.peers, else status.nvLink.peers as NVLink (tier 0)
 
     @property
     def dcgm_uuid(self) -> str:
         """The ``UUID`` label dcgm-exporter gives this GPU: status.uuid, else the name TensorFusion derives
         from it (the UUID lower-cased, so ``gpu-<hex>`` is ``GPU-<hex>``)."""
-        if self.uuid:
+        if self.uuid and not self.synthetic:
             return self.uuid
         return "GPU-" + self.name[4:] if self.name.startswith("gpu-") else self.name
 
@@ -80,6 +84,28 @@ def _labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return (obj.get("metadata") or {}).get("labels") or {}
 
 
+def _int(raw: object) -> int | None:
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+
+
+MBPS = 1_000_000  # nvLink bandwidths are in MB/s, topology bandwidths in bytes per second
+
+
+def topology_of(status: Mapping[str, Any]) -> tuple[int | None, tuple[Link, ...]]:
+    """A GPU object's NUMA node and peer links. TensorFusion's scheduler reads ``status.topology.peers``
+    (tiers the hypervisor worked out); where a GPU has none, its ``status.nvLink.peers`` count as tier 0."""
+    numa = _int(status.get("numaNode"))
+    links: list[Link] = []
+    for peer in ((status.get("topology") or {}).get("peers") or []):
+        if isinstance(peer, Mapping) and peer.get("peerGPUUUID") and _int(peer.get("tier")) is not None:
+            links.append(Link(str(peer["peerGPUUUID"]), int(peer["tier"]), _int(peer.get("bandwidth")) or 0))
+    if not links:
+        for peer in ((status.get("nvLink") or {}).get("peers") or []):
+            if isinstance(peer, Mapping) and peer.get("peerUUID"):
+                links.append(Link(str(peer["peerUUID"]), 0, (_int(peer.get("bandwidthMBps")) or 0) * MBPS))
+    return (numa if numa is None or numa >= 0 else None), tuple(links)
+
+
 def gpu_from_object(obj: Mapping[str, Any]) -> GPUDevice | None:
     """A TensorFusion GPU object as a device, or None when it lacks a name, node or capacity."""
     name = (obj.get("metadata") or {}).get("name")
@@ -92,6 +118,7 @@ def gpu_from_object(obj: Mapping[str, Any]) -> GPUDevice | None:
         return None
     index = status.get("index")
     pool = _labels(obj).get(POOL_LABEL_ON_GPU)
+    numa, links = topology_of(status)
     return GPUDevice(
         name=str(name),
         node=str(node),
@@ -105,6 +132,8 @@ def gpu_from_object(obj: Mapping[str, Any]) -> GPUDevice | None:
         capacity_tflops=nano_tflops_floor(tflops),
         capacity_vram=math.floor(vram),
         uuid=str(status.get("uuid") or ""),
+        numa_node=numa,
+        links=links,
     )
 
 
@@ -112,8 +141,11 @@ def has_gfd_labels(labels: Mapping[str, Any]) -> bool:
     return GFD_COUNT in labels and GFD_PRODUCT in labels
 
 
-def gpus_from_node_labels(node: str, labels: Mapping[str, Any], default_pool: str | None) -> list[GPUDevice]:
-    """One synthetic device per GPU that GPU Feature Discovery reports; none for unknown products."""
+def gpus_from_node_labels(node: str, labels: Mapping[str, Any], default_pool: str | None,
+                          shapes: Mapping[str, Shape] | None = None) -> list[GPUDevice]:
+    """One synthetic device per GPU that GPU Feature Discovery reports; none for unknown products. Where
+    ``shapes`` (the instance-type table) knows the node's instance type and GPU count, the devices carry its
+    NUMA nodes and NVLink peers."""
     raw_count = str(labels.get(GFD_COUNT, ""))
     spec = gpu_models.lookup(str(labels.get(GFD_PRODUCT, "")))
     if spec is None or not raw_count.isdigit():
@@ -122,9 +154,16 @@ def gpus_from_node_labels(node: str, labels: Mapping[str, Any], default_pool: st
     memory = str(labels.get(GFD_MEMORY, ""))
     vram = int(memory) << 20 if memory.isdigit() and int(memory) > 0 else spec.vram
     pool = labels.get(POOL_LABEL_ON_GPU) or default_pool
+    shape = (shapes or {}).get(str(labels.get(INSTANCE_TYPE, "")))
+    if shape is not None and shape.gpus != count:
+        shape = None  # a partial or odd node: its links would name GPUs that are not there
+
+    def uuid_of(i: int) -> str:
+        return f"{node}-gpu-{i}"
+
     return [
         GPUDevice(
-            name=f"{node}-gpu-{i}",
+            name=uuid_of(i),
             node=node,
             pool=str(pool) if pool else None,
             model=spec.model,
@@ -136,6 +175,9 @@ def gpus_from_node_labels(node: str, labels: Mapping[str, Any], default_pool: st
             capacity_tflops=nano_tflops_floor(spec.tflops),
             capacity_vram=vram,
             synthetic=True,
+            uuid=uuid_of(i) if shape is not None else "",
+            numa_node=shape.topology(i)[0] if shape is not None else None,
+            links=shape.links(i, uuid_of) if shape is not None else (),
         )
         for i in range(count)
     ]
@@ -148,7 +190,8 @@ def object_name(obj: Mapping[str, Any]) -> str:
 def node_labels(obj: Mapping[str, Any]) -> dict[str, str]:
     """The labels of a Node that matter to the inventory."""
     labels = _labels(obj)
-    return {k: str(v) for k, v in labels.items() if k in GFD_LABELS or k == POOL_LABEL_ON_GPU}
+    return {k: str(v) for k, v in labels.items()
+            if k in GFD_LABELS or k in (POOL_LABEL_ON_GPU, INSTANCE_TYPE)}
 
 
 def pool_template(obj: Mapping[str, Any]) -> str | None:
@@ -159,6 +202,11 @@ def pool_template(obj: Mapping[str, Any]) -> str | None:
 def pool_is_default(obj: Mapping[str, Any]) -> bool:
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
     return str(annotations.get(DEFAULT_POOL_ANNOTATION, "")).lower() == "true"
+
+
+def template_topology(obj: Mapping[str, Any]) -> object:
+    """A SchedulingConfigTemplate's ``spec.placement.gpuTopology`` (TensorFusion's plugin args), raw."""
+    return ((obj.get("spec") or {}).get("placement") or {}).get("gpuTopology")
 
 
 def template_mode(obj: Mapping[str, Any]) -> str | None:

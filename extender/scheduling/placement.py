@@ -12,6 +12,18 @@ from fractions import Fraction
 
 from extender.common.contract import GPURequest, format_bytes, format_tflops
 from extender.scheduling.inventory import GPUDevice, nano_tflops_ceil, tflops_of
+from extender.scheduling.topology import (
+    DEFAULT_SETTINGS,
+    Plan,
+    Settings,
+    Source,
+    Tier,
+    TopologyGPU,
+    TopologyMode,
+    choose,
+    set_tier,
+)
+from extender.scheduling.topology import hard_verdict as topology_hard_verdict
 
 MAX_SCORE = 10
 MIN_FIT_SCORE = 1  # a fitting node never scores like a node that does not fit (0)
@@ -152,9 +164,42 @@ def mean_load(slots: Iterable[Slot]) -> float:
     return round(sum(loads) / len(loads), 9) if loads else 0.0
 
 
-def choose_gpus(fitting: Iterable[Slot], request: GPURequest, mode: Mode) -> tuple[str, ...]:
-    chosen = sorted(fitting, key=lambda s: gpu_order_key(mode, s))[: request.gpu_count]
-    return tuple(s.name for s in chosen)
+def topology_settings(request: GPURequest, pool: Settings | None = None) -> Settings:
+    """The topology settings for this pod: its pool's (TensorFusion's defaults when None), then its
+    annotations' overrides."""
+    return (pool or DEFAULT_SETTINGS).for_pod(request.topology_required, request.topology_max_tier,
+                                              request.topology_source)
+
+
+def topology_plan(fitting: Iterable[Slot], request: GPURequest, mode: Mode,
+                  topology: Settings | None = None) -> Plan:
+    """The GPUs a pod gets among ``fitting`` (one node's), with their tier: the best topology tier first,
+    then the placement mode's GPU order (TensorFusion since its #759)."""
+    settings = topology_settings(request, topology)
+    by_name = {s.name: s for s in fitting}
+    compact = mode is Mode.COMPACT_FIRST
+
+    def score(gpu: TopologyGPU) -> float:
+        used = by_name[gpu.name].used
+        return used if compact else -used
+
+    devices = sorted((s.device for s in by_name.values()), key=lambda d: d.name)
+    return choose(devices, request.gpu_count, settings.source, settings.prefer_least_damage, score)
+
+
+def choose_gpus(fitting: Iterable[Slot], request: GPURequest, mode: Mode,
+                topology: Settings | None = None) -> tuple[str, ...]:
+    """The GPUs a pod gets on a node (see ``topology_plan``); ``topology`` is the pool's setting."""
+    fitting = list(fitting)
+    if len(fitting) < request.gpu_count:
+        return ()
+    return topology_plan(fitting, request, mode, topology).gpus
+
+
+def tier_of(slots: Iterable[Slot], gpu_ids: Iterable[str], source: str | None = None) -> Tier:
+    """The tier of a pod's GPUs (``gpu_ids``) on the node of ``slots``."""
+    wanted = set(gpu_ids)
+    return set_tier([s.device for s in slots if s.name in wanted], Source(source or "auto"))
 
 
 def _tf(nano: int) -> str:
@@ -214,13 +259,18 @@ def fitting_slots(slots: Iterable[Slot], request: GPURequest, demand: Demand | N
     return out
 
 
-def node_fits(slots: Iterable[Slot], request: GPURequest, pods_on_node: int, max_pods: int) -> bool:
+def node_fits(slots: Sequence[Slot], request: GPURequest, pods_on_node: int, max_pods: int,
+              topology: Settings | None = None) -> bool:
+    if is_hard(request, topology):
+        return evaluate(slots, request, pods_on_node, max_pods, topology=topology).fit is Fit.FITS
     return pods_on_node < max_pods and len(fitting_slots(slots, request)) >= request.gpu_count
 
 
 def evaluate(slots: Sequence[Slot], request: GPURequest, pods_on_node: int, max_pods: int,
-             demand: Demand | None = None) -> Verdict:
-    """Whether the node fits, and if not whether evicting pods could help, with the numbers why."""
+             demand: Demand | None = None, topology: Settings | None = None) -> Verdict:
+    """Whether the node fits, and if not whether evicting pods could help, with the numbers why.
+    ``topology`` is the pool's topology setting: in hard mode a node whose best free GPU set is worse
+    than the allowed tier does not fit."""
     count = request.gpu_count
     if not slots:
         return Verdict(Fit.UNRESOLVABLE, "node has no GPUs known to the extender")
@@ -228,6 +278,9 @@ def evaluate(slots: Sequence[Slot], request: GPURequest, pods_on_node: int, max_
     if pods_on_node < max_pods:  # fast path: most nodes fit, and then no reason needs wording
         fitting = tuple(fitting_slots(slots, request, demand))
         if len(fitting) >= count:
+            settings = topology_settings(request, topology)
+            if settings.mode is TopologyMode.HARD:
+                return _hard_topology(slots, request, fitting, settings)
             return Verdict(Fit.FITS, fitting=fitting)
     in_pool = [s for s in slots if s.device.pool == request.pool]
     if not in_pool:
@@ -258,6 +311,27 @@ def evaluate(slots: Sequence[Slot], request: GPURequest, pods_on_node: int, max_
     if pods_on_node >= max_pods:
         return Verdict(Fit.FAILED, f"node already runs {pods_on_node} GPU pods (limit {max_pods})")
     return Verdict(Fit.FAILED, _busy(request, big_enough, fitting))
+
+
+def is_hard(request: GPURequest, topology: Settings | None) -> bool:
+    return topology_settings(request, topology).mode is TopologyMode.HARD
+
+
+def _hard_topology(slots: Sequence[Slot], request: GPURequest, fitting: tuple[Slot, ...],
+                   settings: Settings) -> Verdict:
+    """Hard mode: the node fits only if its best free set is within the allowed tier. When even its whole
+    matching GPUs (were they all free) could not be, nothing on this node can help."""
+    plan = choose([s.device for s in sorted(fitting, key=lambda s: s.name)], request.gpu_count,
+                  settings.source, settings.prefer_least_damage)
+    why = topology_hard_verdict(plan, settings)
+    if why is None:
+        return Verdict(Fit.FITS, fitting=fitting)
+    matching = sorted((s.device for s in slots if s.device.pool == request.pool
+                       and not _mismatch(s.device, request)), key=lambda d: d.name)
+    best = choose(matching, request.gpu_count, settings.source, settings.prefer_least_damage)
+    if topology_hard_verdict(best, settings) is None:
+        return Verdict(Fit.FAILED, f"{why} (a tier-{int(best.tier)} set is held by other pods)")
+    return Verdict(Fit.UNRESOLVABLE, why)
 
 
 def _amount(request: GPURequest) -> str:

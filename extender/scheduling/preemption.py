@@ -22,6 +22,7 @@ from extender.common.contract import GPURequest
 from extender.scheduling.cluster import Cluster
 from extender.scheduling.ledger import Allocation, Usage
 from extender.scheduling.placement import Fit, Slot, evaluate, node_fits
+from extender.scheduling.topology import Settings
 
 
 class PdbCheck(Protocol):
@@ -50,7 +51,7 @@ class Candidate:
 
 
 def _fits_without(slots: Sequence[Slot], request: GPURequest, pods_on_node: int, max_pods: int,
-                  released: Sequence[Candidate]) -> bool:
+                  released: Sequence[Candidate], topology: Settings | None = None) -> bool:
     freed: dict[str, list[int]] = {}
     for victim in released:
         for gpu, share in victim.shares.items():
@@ -64,33 +65,34 @@ def _fits_without(slots: Sequence[Slot], request: GPURequest, pods_on_node: int,
         if (f := freed.get(s.name)) else s
         for s in slots
     ]
-    return node_fits(trial, request, pods_on_node - len(released), max_pods)
+    return node_fits(trial, request, pods_on_node - len(released), max_pods, topology)
 
 
 def choose_victims(slots: Sequence[Slot], request: GPURequest, pods_on_node: int, max_pods: int,
                    candidates: Sequence[Candidate],
-                   protected: Callable[[Candidate], bool] | None = None) -> list[Candidate] | None:
+                   protected: Callable[[Candidate], bool] | None = None,
+                   topology: Settings | None = None) -> list[Candidate] | None:
     """Victims (lowest priority first) whose release makes the pod fit, or None when none exist. Pods for
     which ``protected`` holds (a PodDisruptionBudget allows no disruption of them) are taken last and
     spared first, so a set that breaks no budget is chosen whenever one exists."""
-    if _fits_without(slots, request, pods_on_node, max_pods, ()):
+    if _fits_without(slots, request, pods_on_node, max_pods, (), topology):
         return []
     guarded = {id(c) for c in candidates if protected is not None and protected(c)}
     ordered = sorted(candidates, key=lambda c: (id(c) in guarded, c.priority, c.allocation.pod_key,
                                                 c.allocation.uid))
     for victim in ordered:
-        if _fits_without(slots, request, pods_on_node, max_pods, (victim,)):
+        if _fits_without(slots, request, pods_on_node, max_pods, (victim,), topology):
             return [victim]
     released: list[Candidate] = []
     for victim in ordered:
         released.append(victim)
-        if _fits_without(slots, request, pods_on_node, max_pods, released):
+        if _fits_without(slots, request, pods_on_node, max_pods, released, topology):
             break
     else:
         return None
     for victim in sorted(released, key=lambda c: (id(c) not in guarded, -c.priority, c.allocation.pod_key)):
         trial = [c for c in released if c is not victim]
-        if _fits_without(slots, request, pods_on_node, max_pods, trial):
+        if _fits_without(slots, request, pods_on_node, max_pods, trial, topology):
             released = trial
     return released
 
@@ -102,7 +104,8 @@ def victims(cluster: Cluster, node: str, request: GPURequest, priority: int, uid
     ledger, max_pods = cluster.ledger, cluster.max_pods
     slots = cluster.slots(node)
     pods = ledger.pods_on(node)
-    if not slots or evaluate(slots, request, pods, max_pods).fit is Fit.UNRESOLVABLE:
+    topology = cluster.topology_for(request.pool)
+    if not slots or evaluate(slots, request, pods, max_pods, topology=topology).fit is Fit.UNRESOLVABLE:
         return None
     candidates = [
         Candidate(a, {gpu: ledger.share(a, gpu) for gpu in a.gpu_ids})
@@ -110,7 +113,7 @@ def victims(cluster: Cluster, node: str, request: GPURequest, priority: int, uid
         if a.priority < priority and a.uid != uid and ledger.bound(a.uid) is a
     ]
     protected = (lambda c: pdb.protected(c.allocation.pod_key)) if pdb is not None else None
-    chosen = choose_victims(slots, request, pods, max_pods, candidates, protected)
+    chosen = choose_victims(slots, request, pods, max_pods, candidates, protected, topology)
     if chosen is None:
         return None
     out = []

@@ -57,7 +57,8 @@ _Cached = Parsed | tuple[str, str]  # a request, or a contract error as its key 
 def shape(request: GPURequest) -> tuple[object, ...]:
     """The fields that decide where a request fits (not limits, QoS or autoscaling)."""
     return (request.pool, request.tflops_request, request.percent_request, request.vram_request,
-            request.gpu_count, request.gpu_model, request.vendor, request.gpu_indices, request.isolation)
+            request.gpu_count, request.gpu_model, request.vendor, request.gpu_indices, request.isolation,
+            request.topology_required, request.topology_max_tier, request.topology_source)
 
 
 def contract_error(key: str, message: str) -> ContractError:

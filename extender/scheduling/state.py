@@ -30,10 +30,22 @@ from extender.common.pods import TERMINAL_PHASES, pod_index, pod_key, pod_priori
 from extender.scheduling import preemption, views
 from extender.scheduling.assume import HOLD_SECONDS, AssumeCache, Reservation
 from extender.scheduling.cluster import Cluster, InventorySource, Kind, PodChange
+from extender.scheduling.instance_topology import Shape
 from extender.scheduling.ledger import Allocation, RefusalSink, Resized, ResizeOutcome
-from extender.scheduling.placement import MAX_SCORE, MIN_FIT_SCORE, Fit, Mode, node_order_value, parse_mode
+from extender.scheduling.placement import (
+    MAX_SCORE,
+    MIN_FIT_SCORE,
+    Fit,
+    Mode,
+    node_order_value,
+    parse_mode,
+    tier_of,
+    topology_settings,
+)
 from extender.scheduling.preemption import PdbCheck, Victim
 from extender.scheduling.requests import PlacementError, RequestCache
+from extender.scheduling.topology import Settings as TopologySettings
+from extender.scheduling.topology import Tier
 from extender.scheduling.verdicts import UNKNOWN_NODE, Verdicts
 from extender.scheduling.views import GPUView, UsageFigures, Utilisation
 
@@ -101,6 +113,10 @@ class ClusterState:
         if self._cluster.apply(kind, event, obj) is not PodChange.UNCHANGED:
             self._assume.forget(pod_uid(obj))
 
+    def set_shapes(self, shapes: Mapping[str, Shape]) -> None:
+        """The instance-type topology table (built-in plus a ConfigMap's entries)."""
+        self._cluster.set_shapes(shapes)
+
     def confirm(self, pod: dict[str, Any]) -> None:
         """A pod read from the API server shows it bound with its GPUs: count that allocation now
         instead of when the watch delivers it (the watch later brings the same or a newer state)."""
@@ -116,6 +132,19 @@ class ClusterState:
 
     def mode_for(self, pool: str | None) -> Mode:
         return self._cluster.mode_for(pool)
+
+    def topology_for(self, pool: str | None) -> TopologySettings:
+        return self._cluster.topology_for(pool)
+
+    def topology_error(self, template: str) -> str | None:
+        """Why a SchedulingConfigTemplate's ``placement.gpuTopology`` was not read (its pools then have
+        TensorFusion's defaults), if it was not."""
+        return self._cluster.topology_errors.get(template)
+
+    def gpu_tier(self, node: str, gpu_ids: Iterable[str], request: GPURequest) -> Tier:
+        """The topology tier of a pod's GPUs on ``node``, judged with the pod's topology source."""
+        settings = topology_settings(request, self._cluster.topology_for(request.pool))
+        return tier_of(self._cluster.slots(node), gpu_ids, settings.source)
 
     @property
     def default_pool(self) -> str | None:

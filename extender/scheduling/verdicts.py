@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from itertools import filterfalse
 
 from extender.scheduling.cluster import Cluster
-from extender.scheduling.placement import Fit, Verdict, evaluate
+from extender.scheduling.placement import Fit, Verdict, evaluate, is_hard
 from extender.scheduling.requests import Parsed
 
 UNKNOWN_NODE = "node has no GPUs known to the extender"
@@ -48,13 +48,15 @@ class Verdicts:
     def table(self, parsed: Parsed) -> Table:
         """The verdict table of this request shape, brought up to date with the nodes changed since."""
         tick = self._cluster.tick
-        table = self._tables.get(parsed.shape)
+        # the pool's topology setting is part of the shape: a template change judges afresh
+        key = (parsed.shape, self._cluster.topology_for(parsed.request.pool))
+        table = self._tables.get(key)
         if table is None:
-            table = self._tables[parsed.shape] = Table(tick)
+            table = self._tables[key] = Table(tick)
             if len(self._tables) > VERDICT_CACHE_SHAPES:
                 self._tables.popitem(last=False)
             return table
-        self._tables.move_to_end(parsed.shape)
+        self._tables.move_to_end(key)
         if table.synced == tick:
             return table
         changed_nodes, _ = self._cluster.changed_since(table.synced)
@@ -71,7 +73,7 @@ class Verdicts:
             verdict = Verdict(Fit.UNRESOLVABLE, UNKNOWN_NODE)
         else:
             verdict = evaluate(slots, parsed.request, self._pods_on(node), self._cluster.max_pods,
-                               parsed.demand)
+                               parsed.demand, self._cluster.topology_for(parsed.request.pool))
         if verdict.fit is Fit.FITS:
             verdict = FITS
             table.fit_load[node] = self._load_table()[node].get(parsed.request.pool, 0.0)
@@ -85,8 +87,10 @@ class Verdicts:
         table = self.table(parsed)
         # map/filter keep the per-node work in C: this is the hot path at thousands of nodes.
         missing = list(filterfalse(table.verdicts.__contains__, node_names))
+        # the columns know free amounts, not links: hard topology judges node by node
         fits = (self._columns.fitting_nodes(missing, parsed.request, parsed.demand, self._cluster.max_pods)
-                if len(missing) >= self.vector_min else None)
+                if len(missing) >= self.vector_min
+                and not is_hard(parsed.request, self._cluster.topology_for(parsed.request.pool)) else None)
         if fits is None:
             for name in missing:
                 self.judge(table, name, parsed)

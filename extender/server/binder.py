@@ -43,6 +43,7 @@ from extender.kube.aio import NotSent
 from extender.kube.client import error_message, error_status, not_found
 from extender.kube.pods import PodApi
 from extender.scheduling.state import pod_index
+from extender.scheduling.topology import Tier
 from extender.server.confirm import hold_until_confirmed
 from extender.server.hooks import FilterHooks
 from extender.server.metrics import Metrics
@@ -226,8 +227,13 @@ class Binder:
             if seen is _Seen.UNBOUND:
                 return error
             return ""  # EARLIER: the pod holds the GPUs of an earlier bind, now counted by confirm()
-        self.events.record(pod, "GPUDeviceAllocated", describe_allocation(reservation.gpu_ids, node,
-                                                                           reservation.request))
+        tier = getattr(reservation, "tier", None)  # multi-GPU pods only
+        message = describe_allocation(reservation.gpu_ids, node, reservation.request)
+        if tier is not None:
+            message += f"; GPU topology {Tier(tier).text}"
+            if self.metrics is not None:
+                self.metrics.topology_placements.labels(reservation.request.pool, str(tier)).inc()
+        self.events.record(pod, "GPUDeviceAllocated", message)
         bind_log.write(logging.INFO, "bound", {"pod": f"{ns}/{name}", "node": node,
                                                "gpus": annotations[GPU_IDS], "index": index})
         self._spawn(self._settle(reservation, ns, name))

@@ -103,6 +103,10 @@ class Metrics:
             "tf_extender_filter_rejections_total", "Nodes filtered out, by reason class", ["reason"],
             registry=r)
         self.binds = Counter("tf_extender_binds_total", "Bind calls by outcome", ["outcome"], registry=r)
+        self.topology_placements = Counter(
+            "tf_extender_gpu_topology_placements_total",
+            "Multi-GPU pods bound, by pool and the GPU topology tier of their GPUs (0 one NVLink group, "
+            "1 one NUMA node, 2 across NUMA nodes, 3 unknown)", ["pool", "tier"], registry=r)
         self.build_info = Gauge(
             "tf_extender_build_info", "Always 1; the version label says which release of tf-extender runs",
             ["version"], registry=r)

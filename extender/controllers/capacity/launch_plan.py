@@ -22,7 +22,10 @@ from extender.planning.gaps import Gap, gap, room
 from extender.planning.inputs import Inputs
 from extender.planning.offerings import Launch, Offering, cheapest, offerings
 from extender.planning.pool import PoolConfig, ProvisioningMode
+from extender.scheduling.instance_topology import instance_meets
+from extender.scheduling.placement import topology_settings
 from extender.scheduling.state import TERMINAL_PHASES, FilterOutcome, PlacementError
+from extender.scheduling.topology import Settings as TopologySettings
 
 MAX_RESOURCE_CONSTRAINT = "MaxResourceConstraintReached"
 NODECLASS_NOT_FOUND = "NodeClassNotFound"
@@ -40,9 +43,13 @@ def _skip(config: PoolConfig, event: str, message: str) -> Action:
     return Action("skip", config.name, message, details={"event": event})
 
 
-def _holds(offer: Offering, request: GPURequest) -> bool:
+def _holds(offer: Offering, request: GPURequest, topology: TopologySettings | None = None) -> bool:
     instance = offer.instance
     if instance.gpu_count < request.gpu_count:
+        return False
+    # a pod that requires GPU topology holds only on a type whose known topology meets it (docs/topology.md)
+    if topology is not None and not instance_meets(instance.name, instance.gpu_count, request.gpu_count,
+                                                   topology_settings(request, topology)):
         return False
     if request.gpu_model and request.gpu_model != instance.gpu_model:
         return False
@@ -86,7 +93,8 @@ def pending_demand(inputs: Inputs, config: PoolConfig, nodes: Sequence[str],
             asking = [(pod, request) for pod, request in asking
                       if _capacity_only(sim.filter(dict(pod), list(nodes)))]
     for _pod, request in asking:
-        holders = [o for o in offers if _holds(o, request)]
+        topology = inputs.state.topology_for(request.pool)
+        holders = [o for o in offers if _holds(o, request, topology)]
         if not holders:
             continue
         smallest = min(holders, key=lambda o: (o.instance.tflops_per_gpu, o.instance.vram_per_gpu))

@@ -79,6 +79,7 @@ class Move:
     source: str
     target: str
     reason: str
+    tier: int | None = None  # a multi-GPU worker: the GPU topology tier it gets on the target
 
 
 @dataclass(frozen=True)
@@ -331,17 +332,31 @@ def _place_node(state: ClusterState, source: NodeUse, workers: Sequence[Allocati
         sim = simulation_pod(pod)
         ranked = state.rank(sim, admitted(pod, targets, nodes, tainted))
         placed = False
+        multi = len(worker.gpu_ids) > 1
+        # a move never worsens a multi-GPU worker's GPU topology tier (docs/topology.md)
+        now_tier = state.gpu_tier(source.node, worker.gpu_ids, worker.request) if multi else None
+        worse = 0
         for target in ranked:
             try:
-                held.append(state.reserve(sim, target))
+                reservation = state.reserve(sim, target)
             except PlacementError:
                 continue
-            moves.append(Move(worker.pod_key, worker.uid, source.node, target, reason))
+            tier = state.gpu_tier(target, reservation.gpu_ids, reservation.request) if multi else None
+            if tier is not None and now_tier is not None and tier > now_tier:
+                state.release(reservation)
+                worse += 1
+                continue
+            held.append(reservation)
+            moves.append(Move(worker.pod_key, worker.uid, source.node, target, reason,
+                              None if tier is None else int(tier)))
             placed = True
             break
         if not placed:
             for reservation in held:
                 state.release(reservation)
+            if worse:
+                return [], (f"pod {worker.pod_key} would get a worse GPU topology tier than its "
+                            f"{now_tier.text if now_tier is not None else ''} on every node with room")
             return [], f"pod {worker.pod_key} fits on no node of the pool that is at least as full"
     return moves, None
 
@@ -408,7 +423,9 @@ def snapshot_of(inputs: Inputs) -> Snapshot:
 
 
 def defrag_actions(plan: Plan) -> list[Action]:
-    out = [Action("evict", plan.pool, m.reason, details={"pod": m.pod, "from": m.source, "to": m.target},
+    out = [Action("evict", plan.pool, m.reason,
+                  details={"pod": m.pod, "from": m.source, "to": m.target,
+                           **({"tier": m.tier} if m.tier is not None else {})},
                   payload=m) for m in plan.moves]
     out += [Action("skip", plan.pool, s.message, node=s.node, payload=s) for s in plan.skips]
     return out

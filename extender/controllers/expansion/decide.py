@@ -201,7 +201,7 @@ def _from_nodepool(pod: Mapping[str, Any], request: GPURequest, candidates: Sequ
             f"labels carry {POOL_LABEL_ON_GPU}: {request.pool}), so the expander cannot grow it from zero")
     problems: list[str] = []
     for nodepool in nodepools:
-        choice = nodepool_choice(gpupool, request.pool, nodepool)
+        choice = nodepool_choice(gpupool, request.pool, nodepool, request)
         if isinstance(choice, str):
             problems.append(choice)
             continue

@@ -8,8 +8,10 @@ from collections.abc import Iterable, Sequence
 
 from extender.common.contract import GPURequest
 from extender.scheduling.inventory import GPUDevice
-from extender.scheduling.placement import Slot, fitting_slots, share_on
+from extender.scheduling.placement import Fit, Slot, evaluate, fitting_slots, is_hard, share_on
 from extender.scheduling.state import GPUView
+
+MAX_PODS_UNBOUNDED = 1 << 30  # a new node's pod limit plays no part in whether its GPUs fit
 
 
 def device_of(view: GPUView | GPUDevice) -> GPUDevice:
@@ -43,4 +45,9 @@ def take(slots: list[Slot], positions: Iterable[int], request: GPURequest) -> No
 
 
 def empty_copy_fits(devices: Iterable[GPUDevice], request: GPURequest) -> bool:
-    return choose(empty_copy(devices), request) is not None
+    """Whether an empty node with these GPUs takes the request; for a hard-topology pod (its
+    ``require-gpu-topology``), only when its GPUs reach the allowed tier (docs/topology.md)."""
+    slots = empty_copy(devices)
+    if is_hard(request, None):
+        return evaluate(slots, request, 0, MAX_PODS_UNBOUNDED).fit is Fit.FITS
+    return choose(slots, request) is not None

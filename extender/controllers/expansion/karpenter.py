@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from extender.common.contract import POOL_LABEL_ON_GPU
+from extender.common.contract import POOL_LABEL_ON_GPU, GPURequest
 from extender.common.labels import (
     EXPANSION_INSTANCE_TYPE,
     EXPANSION_LABEL,
@@ -30,8 +30,11 @@ from extender.common.labels import (
     NODEPOOL_LABEL,
     UNREGISTERED_TAINT,
 )
+from extender.controllers.expansion.fit import empty_copy_fits
 from extender.controllers.expansion.nodeclaim import pod_accepts_claim
+from extender.scheduling import instance_topology
 from extender.scheduling.inventory import GPUDevice, gpus_from_node_labels, has_gfd_labels
+from extender.scheduling.placement import is_hard
 
 NOMINATED_REASON = "Nominated"
 _NOMINATED_CLAIM = re.compile(r"nodeclaim/([a-z0-9]([-a-z0-9.]*[a-z0-9])?)")
@@ -153,19 +156,36 @@ def nodepool_admits(pod: Mapping[str, Any], nodepool: Mapping[str, Any]) -> bool
     return pod_accepts_claim(pod, as_claim)
 
 
-def _single_instance_type(nodepool: Mapping[str, Any]) -> str | None:
+def _instance_types(nodepool: Mapping[str, Any]) -> list[str]:
+    """The instance types the NodePool's template allows by an ``In`` requirement (none: any)."""
     template = ((nodepool.get("spec") or {}).get("template") or {}).get("spec") or {}
     for requirement in template.get("requirements") or []:
         if requirement.get("key") == INSTANCE_TYPE and requirement.get("operator") == "In":
-            values = requirement.get("values") or []
-            if len(values) == 1:
-                return str(values[0])
+            return [str(v) for v in requirement.get("values") or []]
+    return []
+
+
+def _single_instance_type(nodepool: Mapping[str, Any]) -> str | None:
+    values = _instance_types(nodepool)
+    return values[0] if len(values) == 1 else None
+
+
+def _topology_instance_type(nodepool: Mapping[str, Any], labels: Mapping[str, str], pool: str,
+                            request: GPURequest) -> str | None:
+    """For a hard-topology pod, the first allowed instance type (by name) whose GPUs, by the instance-type
+    table, give the pod a good enough set on an empty node."""
+    for instance_type in sorted(_instance_types(nodepool)):
+        devices = gpus_from_node_labels("probe", {**labels, INSTANCE_TYPE: instance_type}, pool,
+                                        instance_topology.BUILT_IN)
+        if devices and empty_copy_fits(devices, request):
+            return instance_type
     return None
 
 
-def nodepool_choice(gpupool: Mapping[str, Any] | None, pool: str,
-                    nodepool: Mapping[str, Any]) -> NodePoolChoice | str:
-    """The NodeClaim shape a from-zero claim gets in ``nodepool``, or why it cannot have one."""
+def nodepool_choice(gpupool: Mapping[str, Any] | None, pool: str, nodepool: Mapping[str, Any],
+                    request: GPURequest | None = None) -> NodePoolChoice | str:
+    """The NodeClaim shape a from-zero claim gets in ``nodepool``, or why it cannot have one. For a pod
+    that requires GPU topology (``request``), an instance type whose table topology meets it."""
     name = str(_meta(nodepool).get("name"))
     labels = template_labels(nodepool)
     if not has_gfd_labels(labels):
@@ -176,7 +196,11 @@ def nodepool_choice(gpupool: Mapping[str, Any] | None, pool: str,
                 f"({POOL_LABEL_ON_GPU}), not {pool}")
     annotations = _meta(gpupool).get("annotations") or {} if gpupool else {}
     instance_type = str(annotations.get(EXPANSION_INSTANCE_TYPE) or "") or _single_instance_type(nodepool)
-    devices = gpus_from_node_labels(f"{name}-new", labels, pool)
+    if not instance_type and request is not None and is_hard(request, None):
+        instance_type = _topology_instance_type(nodepool, labels, pool, request)
+    if instance_type and INSTANCE_TYPE not in labels:
+        labels = {**labels, INSTANCE_TYPE: instance_type}  # so the new node's GPUs get the table's topology
+    devices = gpus_from_node_labels(f"{name}-new", labels, pool, instance_topology.BUILT_IN)
     if not devices:
         return f"NodePool {name}: GPU product {labels.get(GFD_PRODUCT)!r} is not a known model"
     return NodePoolChoice(nodepool, instance_type, tuple(devices))

@@ -96,6 +96,7 @@ SERVE_FLAGS_BEFORE_THE_REGISTRY: dict[str, tuple[str, Any, list[str] | None]] = 
     "--filter-first-choice --no-filter-first-choice": ("filter_first_choice", True, None),
     "--gpu-reservations --no-gpu-reservations": ("gpu_reservations", True, None),
     "--gpu-status-interval": ("gpu_status_interval", 1.0, None),
+    "--instance-topology-configmap": ("instance_topology_configmap", "", None),
     "--inventory-source": ("inventory_source", "auto", ["gpu-objects", "node-labels", "auto"]),
     "--kubeconfig": ("kubeconfig", None, None),
     "--log-level": ("log_level", "info", ["debug", "info", "warning", "error"]),
