@@ -16,12 +16,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from extender.common.contract import GPURequest
 from extender.scheduling.cluster import Cluster
 from extender.scheduling.ledger import Allocation, Usage
 from extender.scheduling.placement import Fit, Slot, evaluate, node_fits
+
+QuotaFits = Callable[[Sequence[Allocation]], bool]  # whether the pod's quota admits it once these are gone
+
+
+class QuotaGate(Protocol):
+    """Namespace quotas as preemption sees them (controllers/quota): for a pod, a test of whether its quota
+    admits it once some allocations are released, or None when no quota applies to it."""
+
+    def fits_without(self, pod: Mapping[str, Any], request: GPURequest) -> QuotaFits | None: ...
 
 
 class PdbCheck(Protocol):
@@ -50,9 +59,14 @@ class Candidate:
 
 
 def _fits_without(slots: Sequence[Slot], request: GPURequest, pods_on_node: int, max_pods: int,
-                  released: Sequence[Candidate]) -> bool:
+                  released: Sequence[Candidate], quota: QuotaFits | None = None) -> bool:
+    if quota is not None and not quota([c.allocation for c in released]):
+        return False
+    names = {s.name for s in slots}
     freed: dict[str, list[int]] = {}
+    here = 0  # victims on this node (a quota may take victims anywhere in the namespace)
     for victim in released:
+        here += any(gpu in names for gpu in victim.shares)
         for gpu, share in victim.shares.items():
             total = freed.setdefault(gpu, [0, 0, 0])
             total[0] += share.tflops
@@ -64,53 +78,62 @@ def _fits_without(slots: Sequence[Slot], request: GPURequest, pods_on_node: int,
         if (f := freed.get(s.name)) else s
         for s in slots
     ]
-    return node_fits(trial, request, pods_on_node - len(released), max_pods)
+    return node_fits(trial, request, pods_on_node - here, max_pods)
 
 
 def choose_victims(slots: Sequence[Slot], request: GPURequest, pods_on_node: int, max_pods: int,
                    candidates: Sequence[Candidate],
-                   protected: Callable[[Candidate], bool] | None = None) -> list[Candidate] | None:
+                   protected: Callable[[Candidate], bool] | None = None,
+                   quota: QuotaFits | None = None) -> list[Candidate] | None:
     """Victims (lowest priority first) whose release makes the pod fit, or None when none exist. Pods for
     which ``protected`` holds (a PodDisruptionBudget allows no disruption of them) are taken last and
-    spared first, so a set that breaks no budget is chosen whenever one exists."""
-    if _fits_without(slots, request, pods_on_node, max_pods, ()):
+    spared first, so a set that breaks no budget is chosen whenever one exists. With ``quota``, the pod
+    must also fit its namespace's quota once the victims are gone (the total net of the victims)."""
+    def fits(released: Sequence[Candidate]) -> bool:
+        return _fits_without(slots, request, pods_on_node, max_pods, released, quota)
+
+    if fits(()):
         return []
     guarded = {id(c) for c in candidates if protected is not None and protected(c)}
     ordered = sorted(candidates, key=lambda c: (id(c) in guarded, c.priority, c.allocation.pod_key,
                                                 c.allocation.uid))
     for victim in ordered:
-        if _fits_without(slots, request, pods_on_node, max_pods, (victim,)):
+        if fits((victim,)):
             return [victim]
     released: list[Candidate] = []
     for victim in ordered:
         released.append(victim)
-        if _fits_without(slots, request, pods_on_node, max_pods, released):
+        if fits(released):
             break
     else:
         return None
     for victim in sorted(released, key=lambda c: (id(c) not in guarded, -c.priority, c.allocation.pod_key)):
         trial = [c for c in released if c is not victim]
-        if _fits_without(slots, request, pods_on_node, max_pods, trial):
+        if fits(trial):
             released = trial
     return released
 
 
 def victims(cluster: Cluster, node: str, request: GPURequest, priority: int, uid: str,
-            pdb: PdbCheck | None = None) -> list[Victim] | None:
+            pdb: PdbCheck | None = None, quota: QuotaFits | None = None,
+            anywhere: bool = False) -> list[Victim] | None:
     """The bound pods of lower priority on ``node`` whose release lets the pod fit (none needed: an empty
-    list), or None when no such set exists or nothing could help."""
+    list), or None when no such set exists or nothing could help. With ``quota`` the pod must fit its
+    quota too; with ``anywhere`` the victims may also be lower-priority pods on other nodes (those free
+    quota, not room on this node)."""
     ledger, max_pods = cluster.ledger, cluster.max_pods
     slots = cluster.slots(node)
     pods = ledger.pods_on(node)
     if not slots or evaluate(slots, request, pods, max_pods).fit is Fit.UNRESOLVABLE:
         return None
+    pool = ledger.allocations() if quota is not None and anywhere else ledger.allocations_on(node)
     candidates = [
         Candidate(a, {gpu: ledger.share(a, gpu) for gpu in a.gpu_ids})
-        for a in ledger.allocations_on(node)
+        for a in pool
         if a.priority < priority and a.uid != uid and ledger.bound(a.uid) is a
     ]
     protected = (lambda c: pdb.protected(c.allocation.pod_key)) if pdb is not None else None
-    chosen = choose_victims(slots, request, pods, max_pods, candidates, protected)
+    chosen = choose_victims(slots, request, pods, max_pods, candidates, protected, quota)
     if chosen is None:
         return None
     out = []
@@ -121,25 +144,28 @@ def victims(cluster: Cluster, node: str, request: GPURequest, priority: int, uid
 
 
 def preempt(cluster: Cluster, request: GPURequest, priority: int, uid: str, nodes: Sequence[str],
-            pdb: PdbCheck | None = None) -> dict[str, list[Victim]]:
+            pdb: PdbCheck | None = None, quota: QuotaFits | None = None,
+            anywhere: bool = False) -> dict[str, list[Victim]]:
     """Per node, the victims whose release lets the pod fit; with ``pdb``, pods a PodDisruptionBudget
-    protects are chosen only when no other set will do."""
+    protects are chosen only when no other set will do; with ``quota``, the pod's quota must admit it
+    once they are gone (victims on the node alone unless ``anywhere``)."""
     out: dict[str, list[Victim]] = {}
     for node in nodes:
-        found = victims(cluster, node, request, priority, uid, pdb)
+        found = victims(cluster, node, request, priority, uid, pdb, quota, anywhere)
         if found is not None:
             out[node] = found
     return out
 
 
 def find_preemption(cluster: Cluster, request: GPURequest, priority: int, uid: str,
-                    pdb: PdbCheck | None = None) -> tuple[str, list[Victim]] | None:
+                    pdb: PdbCheck | None = None,
+                    quota: QuotaFits | None = None) -> tuple[str, list[Victim]] | None:
     """The node and victims to preempt for, among the nodes with GPUs of the request's pool: the fewest
     PodDisruptionBudget violations, then the fewest victims, then the lowest highest priority among them,
-    then the node name."""
+    then the node name. With ``quota``, victims anywhere in the pod's namespace may free its quota."""
     loads = cluster.load_table()
     nodes = [n for n in cluster.nodes() if request.pool in loads.get(n, {})]
-    options = preempt(cluster, request, priority, uid, nodes, pdb)
+    options = preempt(cluster, request, priority, uid, nodes, pdb, quota, anywhere=True)
     if not options:
         return None
 

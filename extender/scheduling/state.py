@@ -32,7 +32,7 @@ from extender.scheduling.assume import HOLD_SECONDS, AssumeCache, Reservation
 from extender.scheduling.cluster import Cluster, InventorySource, Kind, PodChange
 from extender.scheduling.ledger import Allocation, RefusalSink, Resized, ResizeOutcome
 from extender.scheduling.placement import MAX_SCORE, MIN_FIT_SCORE, Fit, Mode, node_order_value, parse_mode
-from extender.scheduling.preemption import PdbCheck, Victim
+from extender.scheduling.preemption import PdbCheck, QuotaGate, Victim
 from extender.scheduling.requests import PlacementError, RequestCache
 from extender.scheduling.verdicts import UNKNOWN_NODE, Verdicts
 from extender.scheduling.views import GPUView, UsageFigures, Utilisation
@@ -70,6 +70,8 @@ class ClusterState:
         self._assemble(cluster, AssumeCache(cluster, clock=clock, hold_seconds=hold_seconds))
 
     def _assemble(self, cluster: Cluster, assume: AssumeCache) -> None:
+        # a rule that lets preemption count quota room (controllers/quota sets it on the live state)
+        self.quota_gate: QuotaGate | None = None
         self._cluster = cluster
         self._assume = assume
         self._verdicts = Verdicts(cluster)
@@ -251,7 +253,9 @@ class ClusterState:
         parsed = self._parse(pod, self._cluster.default_pool)
         if isinstance(parsed, ContractError):
             return {}
-        return preemption.preempt(self._cluster, parsed.request, pod_priority(pod), pod_uid(pod), nodes, pdb)
+        quota = self.quota_gate.fits_without(pod, parsed.request) if self.quota_gate is not None else None
+        return preemption.preempt(self._cluster, parsed.request, pod_priority(pod), pod_uid(pod), nodes, pdb,
+                                  quota)
 
     def find_preemption(self, pod: dict[str, Any],
                         pdb: PdbCheck | None = None) -> tuple[str, list[Victim]] | None:
@@ -260,7 +264,9 @@ class ClusterState:
         parsed = self._parse(pod, self._cluster.default_pool)
         if isinstance(parsed, ContractError):
             return None
-        return preemption.find_preemption(self._cluster, parsed.request, pod_priority(pod), pod_uid(pod), pdb)
+        quota = self.quota_gate.fits_without(pod, parsed.request) if self.quota_gate is not None else None
+        return preemption.find_preemption(self._cluster, parsed.request, pod_priority(pod), pod_uid(pod), pdb,
+                                          quota)
 
     def holds(self, uid: str) -> bool:
         """Whether the pod still holds GPU capacity (bound, reserved, or terminating but not gone)."""
@@ -270,6 +276,11 @@ class ClusterState:
 
     def node_gpus(self, node: str) -> list[GPUView]:
         return views.node_gpus(self._cluster, node)
+
+    def gpu_capacity(self, gpu: str) -> tuple[Fraction, int] | None:
+        """A known GPU's TFLOPS and VRAM bytes."""
+        capacity = self._cluster.ledger.capacity(gpu)
+        return (Fraction(capacity[0], 10**9), capacity[1]) if capacity is not None else None
 
     def gpu_holders(self, gpu: str) -> list[Allocation]:
         """The allocations holding a share of one GPU, by pod uid."""

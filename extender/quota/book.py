@@ -1,0 +1,159 @@
+"""``QuotaBook``: the quotas and each namespace's usage over a cluster state's ledger, for the questions
+the verbs, the planners and the status writer ask. No I/O: it reads a state and a list of quota objects.
+
+Usage is recomputed only when the state's version moves (every reservation, release, bind and deletion
+moves it), so a burst of filter calls costs one pass over the allocations per change, and the answer is
+exactly the ledger's at the moment of the question.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from extender.common.contract import GPURequest
+from extender.common.pods import pod_uid
+from extender.quota.check import Refusal, check
+from extender.quota.model import ZERO, Quota, by_namespace
+from extender.quota.usage import (
+    NO_USAGE,
+    AllocationLike,
+    Capacity,
+    Demand,
+    Usage,
+    demand_of,
+    demands,
+    namespace_of,
+    usage_by_namespace,
+)
+
+
+class StateLike(Protocol):
+    """What the book reads of ``extender.scheduling.state.ClusterState``."""
+
+    @property
+    def version(self) -> int: ...
+    def allocations(self) -> Sequence[Any]: ...
+    def gpu_capacity(self, gpu: str) -> Capacity | None: ...
+    def request_of(self, pod: Mapping[str, Any]) -> GPURequest: ...
+
+
+def pod_namespace(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("namespace") or "")
+
+
+class QuotaBook:
+    def __init__(self, state: StateLike, quotas: Callable[[], Iterable[Any]],
+                 pod_of: Callable[[str], Mapping[str, Any] | None] | None = None) -> None:
+        """``quotas``: the GPUResourceQuota objects now (or parsed ``Quota``s); ``pod_of(pod_key)``: a
+        watched pod, to read the limits of an allocation whose record holds its requests alone."""
+        self.state = state
+        self._quotas = quotas
+        self._pod_of = pod_of
+        self._parsed: dict[str, list[Quota]] | None = None
+        self._version = -1
+        self._per_pod: dict[str, tuple[str, Demand]] = {}
+        self._usage: dict[str, Usage] = {}
+
+    def quotas_changed(self, *_: Any) -> None:
+        """The quota objects changed (a watch listener as it is)."""
+        self._parsed = None
+
+    def by_namespace(self) -> dict[str, list[Quota]]:
+        if self._parsed is None:
+            self._parsed = by_namespace(self._quotas())
+        return self._parsed
+
+    def quotas(self, namespace: str) -> list[Quota]:
+        return self.by_namespace().get(namespace, [])
+
+    # --- usage ------------------------------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        version = self.state.version
+        if version != self._version:
+            self._per_pod = demands(self.state.allocations(), self.state.gpu_capacity, self._full_request)
+            self._usage = usage_by_namespace(self._per_pod)
+            self._version = version
+
+    def usage(self, namespace: str, leave_out: Iterable[str] = ()) -> Usage:
+        """The namespace's usage now, without the pods of ``leave_out`` (uids)."""
+        self._refresh()
+        used = self._usage.get(namespace, NO_USAGE)
+        for uid in leave_out:
+            held = self._per_pod.get(uid)
+            if held is not None and held[0] == namespace:
+                used = used.minus(held[1])
+        return used
+
+    def usages(self) -> dict[str, Usage]:
+        self._refresh()
+        return dict(self._usage)
+
+    def demand_held(self, uid: str) -> Demand | None:
+        """What a pod the ledger counts takes (on the GPUs it holds)."""
+        self._refresh()
+        held = self._per_pod.get(uid)
+        return held[1] if held is not None else None
+
+    def _full_request(self, allocation: AllocationLike) -> GPURequest:
+        request = allocation.request
+        if (request.tflops_limit is not None or request.percent_limit is not None or request.vram_limit
+                or request.takes_whole_gpu or self._pod_of is None):
+            return request
+        pod = self._pod_of(allocation.pod_key)
+        if pod is None or pod_uid(pod) != allocation.uid:
+            return request
+        try:
+            full = self.state.request_of(pod)
+        except Exception:  # a pod whose annotations no longer parse: its requests stand for its limits
+            return request
+        update: dict[str, Any] = {"vram_limit": max(full.vram_limit, request.vram_request)}
+        if request.tflops_request is not None and full.tflops_limit is not None:
+            update["tflops_limit"] = max(full.tflops_limit, request.tflops_request)
+        if request.percent_request is not None and full.percent_limit is not None:
+            update["percent_limit"] = max(full.percent_limit, request.percent_request)
+        return request.model_copy(update=update)
+
+    # --- questions --------------------------------------------------------------------------------
+
+    def refusal(self, pod: Mapping[str, Any], request: GPURequest,
+                capacities: Sequence[Capacity] | None = None) -> Refusal | None:
+        """Whether the pod may take ``request`` (on GPUs of ``capacities`` when known) in its namespace,
+        against the usage of every other pod. A request whose amounts depend on its GPUs, not yet known,
+        is checked for its GPU count and worker alone."""
+        namespace = pod_namespace(pod)
+        quotas = self.quotas(namespace)
+        if not quotas:
+            return None
+        demand = demand_of(request, capacities) or Demand(ZERO, ZERO, gpu_count=request.gpu_count)
+        return check(quotas, self.usage(namespace, (pod_uid(pod),)), namespace, [demand])
+
+    def blocks(self, pod: Mapping[str, Any]) -> Refusal | None:
+        """The refusal for a pod as it asks (its request parsed by the state), None when it may go or its
+        request does not parse (the filter says why)."""
+        if not self.quotas(pod_namespace(pod)):
+            return None
+        try:
+            request = self.state.request_of(pod)
+        except Exception:
+            return None
+        return self.refusal(pod, request)
+
+    def fits_without(self, pod: Mapping[str, Any],
+                     request: GPURequest) -> Callable[[Sequence[Any]], bool] | None:
+        """For preemption: a test of whether the pod's quota admits it once the given allocations are
+        released (only those of its namespace count); None when the namespace has no quota."""
+        namespace = pod_namespace(pod)
+        quotas = self.quotas(namespace)
+        if not quotas:
+            return None
+        uid = pod_uid(pod)
+        demand = demand_of(request) or Demand(ZERO, ZERO, gpu_count=request.gpu_count)
+
+        def fits(released: Sequence[Any]) -> bool:
+            gone = [a.uid for a in released if namespace_of(a.pod_key) == namespace]
+            return check(quotas, self.usage(namespace, [uid, *gone]), namespace, [demand]) is None
+
+        return fits
+
