@@ -358,6 +358,7 @@ def test_project_crd_defaults_a_minimal_object_as_tensor_fusion_does(api_client,
             "gpunodes": lambda: {k: status.get(k)
                                  for k in ("phase", "totalTFlops", "totalVRAM", "totalGPUs")},
             "gpunodeclasses": lambda: spec,
+            "gpuresourcequotas": lambda: spec,
             "tensorfusionworkloads": lambda: spec,
         }[plural]()
 
