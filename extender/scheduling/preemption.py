@@ -26,10 +26,19 @@ from extender.scheduling.placement import Fit, Slot, evaluate, node_fits
 QuotaFits = Callable[[Sequence[Allocation]], bool]  # whether the pod's quota admits it once these are gone
 
 
-class QuotaGate(Protocol):
-    """Namespace quotas as preemption sees them (controllers/quota): for a pod, a test of whether its quota
-    admits it once some allocations are released, or None when no quota applies to it."""
+class QuotaRefusal(Protocol):
+    @property
+    def message(self) -> str: ...
+    @property
+    def unresolvable(self) -> bool: ...
 
+
+class QuotaGate(Protocol):
+    """Namespace quotas as the core sees them (controllers/quota): whether a pod's quota refuses it now, and
+    for preemption a test of whether it admits the pod once some allocations are released (None when no
+    quota applies to it)."""
+
+    def blocks(self, pod: Mapping[str, Any]) -> QuotaRefusal | None: ...
     def fits_without(self, pod: Mapping[str, Any], request: GPURequest) -> QuotaFits | None: ...
 
 

@@ -55,6 +55,14 @@ class FilterOutcome:
     capacity_only: bool
 
 
+def refused_outcome(message: str, unresolvable: bool, node_names: Sequence[str]) -> FilterOutcome:
+    """Every node refused for one reason that holds wherever the pod goes (a namespace's quota):
+    unresolvable (no preemption or new node helps), or failed with ``capacity_only`` False."""
+    answer = dict.fromkeys(node_names, message)
+    return FilterOutcome([], {}, answer, None, False) if unresolvable else FilterOutcome([], answer, {}, None,
+                                                                                          False)
+
+
 class ClusterState:
     def __init__(self, *, inventory: InventorySource = InventorySource.AUTO, max_pods_per_node: int = 256,
                  mode_override: str | None = None, on_refused: RefusalSink | None = None,
@@ -95,6 +103,7 @@ class ClusterState:
         sim = type(self).__new__(type(self))
         sim._assemble(cluster, assume)
         sim.vector_min = self.vector_min
+        sim.quota_gate = self.quota_gate
         yield sim
 
     # --- events -----------------------------------------------------------------------------------
@@ -163,6 +172,14 @@ class ClusterState:
                 verdict = table.verdicts[name]
                 (failed if verdict.fit is Fit.FAILED else unresolvable)[name] = verdict.message
         return FilterOutcome(fits, failed, unresolvable, None, not fits and bool(failed))
+
+    def filter_with_quota(self, pod: dict[str, Any], node_names: Sequence[str]) -> FilterOutcome:
+        """``filter`` with the pod's namespace quota judged first (``quota_gate``), as the verb answers, but
+        recording nothing: for the planners and the expander's second look, so that a pod its quota holds
+        is never taken for one that lacks capacity."""
+        if self.quota_gate is not None and (refusal := self.quota_gate.blocks(pod)) is not None:
+            return refused_outcome(refusal.message, refusal.unresolvable, node_names)
+        return self.filter(pod, node_names)
 
     def prioritize(self, pod: dict[str, Any], node_names: Sequence[str]) -> list[tuple[str, int]]:
         if (held := self._assume.held_node(pod)) is not None:

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter
 from extender.common.pods import pod_key, pod_uid
 from extender.quota import Refusal
 from extender.quota.book import QuotaBook
-from extender.scheduling.state import FilterOutcome
+from extender.scheduling.state import FilterOutcome, refused_outcome
 from extender.server.hooks import FilterHook
 
 log = logging.getLogger(__name__)
@@ -83,10 +83,7 @@ class QuotaRule(FilterHook):
         if refusal is None:
             return None
         self._refused(pod, refusal, "filter")
-        answer = {name: refusal.message for name in node_names}
-        if refusal.unresolvable:
-            return FilterOutcome([], {}, answer, None, False)
-        return FilterOutcome([], answer, {}, None, False)
+        return refused_outcome(refusal.message, refusal.unresolvable, node_names)
 
     def admit(self, pod: dict[str, Any], node: str) -> str | None:
         if (waiting := self._unsynced()) is not None:
@@ -114,6 +111,10 @@ class QuotaRule(FilterHook):
             return None
         self._refused(pod, refusal, "bind")
         return refusal.message
+
+    def blocks(self, pod: Any) -> Refusal | None:
+        """``ClusterState.quota_gate``: the pod's refusal now, recording nothing."""
+        return self.book.blocks(pod) if self.quotas.synced.is_set() else None
 
     def fits_without(self, pod: Any, request: Any) -> Any:
         """``ClusterState.quota_gate``: see ``QuotaBook.fits_without``."""
