@@ -9,11 +9,12 @@ exactly the ledger's at the moment of the question.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from fractions import Fraction
 from typing import Any, Protocol
 
 from extender.common.contract import GPURequest
 from extender.common.pods import pod_uid
-from extender.quota.check import Refusal, check
+from extender.quota.check import Refusal, check, room
 from extender.quota.model import ZERO, Quota, by_namespace
 from extender.quota.usage import (
     NO_USAGE,
@@ -157,3 +158,37 @@ class QuotaBook:
 
         return fits
 
+
+    def resize_room(self, pod: Mapping[str, Any], allocation: AllocationLike, tflops: Fraction | None,
+                    vram: int | None) -> tuple[Fraction | None, int | None, str]:
+        """A resize of a bound pod to ``tflops`` / ``vram`` per GPU (None: unchanged), clamped so that its
+        growth (the delta, times its GPUs) stays within what its namespace's totals leave and each figure
+        within the single caps; with a note saying so when it clamps ("" when not)."""
+        namespace = pod_namespace(pod)
+        quotas = self.quotas(namespace)
+        request = allocation.request
+        if not quotas or request.takes_whole_gpu or request.uses_percent:
+            return tflops, vram, ""
+        gpus = max(len(allocation.gpu_ids), 1)
+        old_t, old_v = request.tflops_request or Fraction(0), request.vram_request
+        left, _ = room(quotas, self.usage(namespace), namespace)
+        most_t = old_t + left.tflops / gpus if left is not None else None
+        most_v = old_v + left.vram // gpus if left is not None else None
+        for quota in quotas:
+            cap = quota.max_requests
+            if cap.tflops:
+                most_t = cap.tflops if most_t is None else min(most_t, cap.tflops)
+            if cap.vram:
+                most_v = cap.vram if most_v is None else min(most_v, cap.vram)
+        cut = []
+        if tflops is not None and most_t is not None and tflops > max(most_t, old_t):
+            tflops = max(most_t, old_t)
+            cut.append("TFLOPS")
+        if vram is not None and most_v is not None and vram > max(most_v, old_v):
+            vram = max(most_v, old_v)
+            cut.append("VRAM")
+        if not cut:
+            return tflops, vram, ""
+        spare = f"{left.describe()} left in its totals" if left is not None else "its single caps"
+        return tflops, vram, (f"{' and '.join(cut)} clamped by the GPU quota of namespace {namespace} "
+                              f"({spare})")

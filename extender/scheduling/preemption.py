@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import Any, Protocol
 
 from extender.common.contract import GPURequest
@@ -34,12 +35,14 @@ class QuotaRefusal(Protocol):
 
 
 class QuotaGate(Protocol):
-    """Namespace quotas as the core sees them (controllers/quota): whether a pod's quota refuses it now, and
-    for preemption a test of whether it admits the pod once some allocations are released (None when no
-    quota applies to it)."""
+    """Namespace quotas as the core sees them (controllers/quota): whether a pod's quota refuses it now; for
+    preemption a test of whether it admits the pod once some allocations are released (None when no quota
+    applies to it); for a resize, its per-GPU figures clamped to what the quota leaves, with a note."""
 
     def blocks(self, pod: Mapping[str, Any]) -> QuotaRefusal | None: ...
     def fits_without(self, pod: Mapping[str, Any], request: GPURequest) -> QuotaFits | None: ...
+    def resize_room(self, pod: dict[str, Any], allocation: Allocation, tflops: Fraction | None,
+                    vram: int | None) -> tuple[Fraction | None, int | None, str]: ...
 
 
 class PdbCheck(Protocol):

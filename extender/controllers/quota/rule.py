@@ -116,6 +116,11 @@ class QuotaRule(FilterHook):
         """``ClusterState.quota_gate``: the pod's refusal now, recording nothing."""
         return self.book.blocks(pod) if self.quotas.synced.is_set() else None
 
+    def resize_room(self, pod: dict[str, Any], allocation: Any, tflops: Fraction | None,
+                    vram: int | None) -> tuple[Fraction | None, int | None, str]:
+        """The autoscaler's resizes (``server/resize.py``): see ``QuotaBook.resize_room``."""
+        return self.book.resize_room(pod, allocation, tflops, vram)
+
     def fits_without(self, pod: Any, request: Any) -> Any:
         """``ClusterState.quota_gate``: see ``QuotaBook.fits_without``."""
         return self.book.fits_without(pod, request)
