@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Protocol
 
 from extender.common.contract import GPURequest
 from extender.quota.model import ZERO, Amounts
@@ -89,13 +90,17 @@ def namespace_of(pod_key: str) -> str:
     return pod_key.partition("/")[0]
 
 
-class AllocationLike:
+class AllocationLike(Protocol):
     """What ``demands`` reads of an allocation (``extender.scheduling.ledger.Allocation``)."""
 
-    uid: str
-    pod_key: str
-    gpu_ids: tuple[str, ...]
-    request: GPURequest
+    @property
+    def uid(self) -> str: ...
+    @property
+    def pod_key(self) -> str: ...
+    @property
+    def gpu_ids(self) -> tuple[str, ...]: ...
+    @property
+    def request(self) -> GPURequest: ...
 
 
 def demands(allocations: Iterable[AllocationLike], capacity_of: Callable[[str], Capacity | None],
