@@ -163,9 +163,11 @@ def test_quotas_used_and_total_per_namespace():
     report = build_report(replace(status_snapshot(), quotas=quotas))
     (idle, ml) = report["quotas"]
     assert ml == {"namespace": "ml", "quotas": ["q"],
-                  "requests": {"tflops": {"used": "130", "total": "200"}, "vram": {"used": "8Gi", "total": "100Gi"}},
+                  "requests": {"tflops": {"used": "130", "total": "200"},
+                               "vram": {"used": "8Gi", "total": "100Gi"}},
                   "limits": {"tflops": {"used": "130", "total": "-"}, "vram": {"used": "8Gi", "total": "-"}},
                   "workers": {"used": 2, "total": 10}}
     assert idle["workers"] == {"used": 0, "total": 32768}
     text = render_table(report)
-    assert "  ml: requests 130/200 TFLOPS, 8Gi/100Gi VRAM; limits 130/- TFLOPS, 8Gi/- VRAM; workers 2/10" in text
+    assert ("  ml: requests 130/200 TFLOPS, 8Gi/100Gi VRAM; limits 130/- TFLOPS, 8Gi/- VRAM; "
+            "workers 2/10") in text
