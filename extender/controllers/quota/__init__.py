@@ -37,10 +37,10 @@ def build(deps: Deps, config: QuotaConfig) -> Built | None:
 
     book = QuotaBook(deps.state, quotas.list, pod_of)
     quotas.subscribe(book.quotas_changed)
-    rule = QuotaRule(book, quotas, deps.recorder, deps.registry)
+    metrics = QuotaMetrics(deps.registry)
+    rule = QuotaRule(book, quotas, deps.recorder, metrics)
     deps.state.quota_gate = rule
-    writer = QuotaStatusWriter(book, quotas, KubeQuotaStatusApi(deps.api_client), deps.recorder,
-                               QuotaMetrics(deps.registry))
+    writer = QuotaStatusWriter(book, quotas, KubeQuotaStatusApi(deps.api_client), deps.recorder, metrics)
     status = Reconciler("gpuresourcequota-status", writer.reconcile, interval=config.interval_seconds,
                         leader_only=True, caches=(*deps.core.all, quotas))
     quotas.subscribe(status.wake)

@@ -74,6 +74,10 @@ class QuotaMetrics:
         self.alert_threshold = Gauge("tf_extender_quota_alert_threshold_ratio",
                                      "A namespace's alert threshold (spec.total.alertThresholdPercent / 100)",
                                      ["namespace"], registry=registry)
+        self.refusals = Counter("tf_extender_quota_refusals_total",
+                                "GPU pods a namespace's GPUResourceQuota turned away, by namespace, "
+                                "dimension and verb (filter, bind)", ["namespace", "dimension", "verb"],
+                                registry=registry)
         self.writes = Counter("tf_extender_quota_status_writes_total",
                               "GPUResourceQuota status writes by outcome", ["outcome"], registry=registry)
         for outcome in ("ok", "error"):

@@ -21,9 +21,8 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter
-
 from extender.common.pods import pod_key, pod_uid
+from extender.controllers.quota.controller import QuotaMetrics
 from extender.quota import Refusal
 from extender.quota.book import QuotaBook
 from extender.scheduling.state import FilterOutcome, refused_outcome
@@ -46,16 +45,13 @@ class Synced(Protocol):
 
 class QuotaRule(FilterHook):
     def __init__(self, book: QuotaBook, quotas: Synced, events: EventSink | None = None,
-                 registry: CollectorRegistry | None = None,
+                 metrics: QuotaMetrics | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.book = book
         self.quotas = quotas
         self.events = events
         self.clock = clock
-        self.refusals = Counter("tf_extender_quota_refusals_total",
-                                "GPU pods a namespace's GPUResourceQuota turned away, by namespace, "
-                                "dimension and verb (filter, bind)", ["namespace", "dimension", "verb"],
-                                registry=registry)
+        self.refusals = (metrics or QuotaMetrics(None)).refusals
         self._told: dict[str, tuple[str, float]] = {}  # pod uid -> last event message, when
 
     def _unsynced(self) -> str | None:
