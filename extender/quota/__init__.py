@@ -13,6 +13,10 @@
   ``usage`` must not already count the demands. The first ``Refusal`` says which quota, which dimension
   (TensorFusion's names), used, requested and the cap (``.message``); ``.unresolvable`` is True for single
   caps (no preemption or new node helps). ``room(quotas, usage, namespace)`` is what the totals leave.
+- ``book``: ``QuotaBook(state, quotas)``, those questions over a cluster state's ledger: ``blocks(pod)``,
+  ``refusal(pod, request, capacities)``, ``refusal_together([(pod, request), ...])`` (a gang: the members
+  left out of the usage, their demands added together), ``fits_without`` (preemption) and ``resize_room``.
+  On the live state it is reachable as ``ClusterState.quota_gate`` (the quota controller's rule).
 - ``status``: ``quota_status(quota, usage, previous, now)``, the status TensorFusion writes.
 """
 

@@ -130,6 +130,22 @@ class QuotaBook:
         demand = demand_of(request, capacities) or Demand(ZERO, ZERO, gpu_count=request.gpu_count)
         return check(quotas, self.usage(namespace, (pod_uid(pod),)), namespace, [demand])
 
+    def refusal_together(self, pods: Sequence[tuple[Mapping[str, Any], GPURequest]]) -> Refusal | None:
+        """For pods placed at once (a gang): whether their namespaces' quotas admit all of them together,
+        against the usage of every pod but these. The first refusal, or None."""
+        by_namespace: dict[str, list[tuple[Mapping[str, Any], GPURequest]]] = {}
+        for pod, request in pods:
+            by_namespace.setdefault(pod_namespace(pod), []).append((pod, request))
+        for namespace, members in by_namespace.items():
+            quotas = self.quotas(namespace)
+            if not quotas:
+                continue
+            asked = [demand_of(r) or Demand(ZERO, ZERO, gpu_count=r.gpu_count) for _, r in members]
+            used = self.usage(namespace, [pod_uid(p) for p, _ in members])
+            if (refusal := check(quotas, used, namespace, asked)) is not None:
+                return refusal
+        return None
+
     def blocks(self, pod: Mapping[str, Any]) -> Refusal | None:
         """The refusal for a pod as it asks (its request parsed by the state), None when it may go or its
         request does not parse (the filter says why)."""

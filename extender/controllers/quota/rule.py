@@ -112,6 +112,11 @@ class QuotaRule(FilterHook):
         """``ClusterState.quota_gate``: the pod's refusal now, recording nothing."""
         return self.book.blocks(pod) if self.quotas.synced.is_set() else None
 
+    def refusal_together(self, pods: Sequence[tuple[Any, Any]]) -> Refusal | None:
+        """``ClusterState.quota_gate`` for pods placed at once (a gang): see ``QuotaBook.refusal_together``.
+        Like ``blocks``, nothing until the quotas are read (each member's ``admit`` at bind waits)."""
+        return self.book.refusal_together(pods) if self.quotas.synced.is_set() else None
+
     def resize_room(self, pod: dict[str, Any], allocation: Any, tflops: Fraction | None,
                     vram: int | None) -> tuple[Fraction | None, int | None, str]:
         """The autoscaler's resizes (``server/resize.py``): see ``QuotaBook.resize_room``."""

@@ -172,3 +172,17 @@ def test_preemption_takes_no_victim_of_another_namespace_for_a_quota():
     state = cluster(other, bound("mine", "n2", "g3", tflops="100", priority=500))
     _rule, _ = rule_on(state, total("100"))
     assert state.find_preemption(pod("high", "50", priority=100)) is None
+
+
+def test_a_gang_is_admitted_whole_or_not_at_all():
+    state = cluster(bound("a", "n1", "g1", tflops="40"))
+    rule, _ = rule_on(state, total("100"))
+    gang = [pod(f"m{i}", "20") for i in range(3)]
+    members = [(p, state.request_of(p)) for p in gang]
+    assert rule.refusal_together(members) is None  # 40 + 60
+    bigger = [*members, (pod("m3", "20"), state.request_of(pod("m3", "20")))]
+    refusal = rule.refusal_together(bigger)
+    assert refusal is not None and refusal.requested == "80 TFLOPS"
+    reservation = state.reserve(gang[0], "n1")  # a member already reserved is not counted twice
+    assert rule.refusal_together(members) is None
+    state.release(reservation)
