@@ -12,6 +12,7 @@ kube-scheduler and the extender, checked from the pods and quotas as the API ser
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 import uuid
 from collections import Counter
@@ -59,6 +60,20 @@ def read_quota(api_client, namespace: str, name: str = "gpu-quota") -> dict:
     found: dict = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
         cpl.TF_GROUP, cpl.TF_VERSION, namespace, "gpuresourcequotas", name)
     return found
+
+
+def quota_table(api_client, namespace: str, name: str = "gpu-quota") -> dict[str, Any]:
+    """What ``kubectl get gpuresourcequota`` prints: the server-side Table with the CRD's printer columns."""
+    request = api_client.param_serialize(
+        method="GET", resource_path=f"/apis/{cpl.TF_GROUP}/{cpl.TF_VERSION}/namespaces/{namespace}/"
+                                    f"gpuresourcequotas/{name}",
+        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        auth_settings=["BearerToken"])
+    response = api_client.call_api(*request)
+    response.read()
+    data = json.loads(response.data)
+    columns = [c["name"] for c in data["columnDefinitions"]]
+    return dict(zip(columns, data["rows"][0]["cells"], strict=True))
 
 
 def wait_quota_seen(extender, namespace: str, tflops: float) -> None:
@@ -110,10 +125,16 @@ def test_a_namespace_at_its_total_waits_while_another_schedules(api_client, gpu_
     node = gpu_node(make_node, make_gpu, pool, "shared", gpus=2)
     extender.wait_node_allocated(node, 0)
     make_quota(api_client, namespace, "40", alertThresholdPercent=90)
+    client.CustomObjectsApi(api_client).patch_namespaced_custom_object(
+        cpl.TF_GROUP, cpl.TF_VERSION, namespace, "gpuresourcequotas", "gpu-quota",
+        {"spec": {"single": {"defaultRequests": {"tflops": "20", "vram": "1Gi"}}}})
     wait_quota_seen(extender, namespace, 40)
 
-    for i in range(2):
-        cpl.create_pod(api_client, namespace, cpl.gpu_pod_body(f"a-{i}", pool=pool, tflops="20", vram="1Gi"))
+    cpl.create_pod(api_client, namespace, cpl.gpu_pod_body("a-0", pool=pool, tflops="20", vram="1Gi"))
+    # no amounts at all: the webhook fills them from the quota's single.defaultRequests
+    defaulted = cpl.create_pod(api_client, namespace, cpl.gpu_pod_body("a-1", pool=pool))
+    assert (defaulted.metadata.annotations["tensor-fusion.ai/tflops-request"],
+            defaulted.metadata.annotations["tensor-fusion.ai/vram-request"]) == ("20", "1Gi")
     for i in range(2):
         cpl.placement(api_client, namespace, f"a-{i}")
     cpl.create_pod(api_client, namespace, cpl.gpu_pod_body("a-over", pool=pool, tflops="20", vram="1Gi"))
@@ -143,8 +164,12 @@ def test_a_namespace_at_its_total_waits_while_another_schedules(api_client, gpu_
     assert status["availablePercent"]["requests.tflops"] == "0.00"
     (ready,) = status["conditions"]
     assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "AlertThresholdReached")
-    alerts = [e for e in core.list_namespaced_event(namespace).items if e.reason == "AlertThresholdReached"]
-    assert alerts and alerts[0].involved_object.kind == "GPUResourceQuota"
+    alerts = cpl.wait_until(lambda: [e for e in core.list_namespaced_event(namespace).items
+                                     if e.reason == "AlertThresholdReached"], 30, what="the alert event")
+    assert alerts[0].involved_object.kind == "GPUResourceQuota"
+    row = quota_table(api_client, namespace)  # kubectl get gpuresourcequota
+    assert {k: row[k] for k in ("TFLOPS Used", "TFLOPS Total", "TFLOPS Avail%", "Workers", "Ready")} == {
+        "TFLOPS Used": "40", "TFLOPS Total": "40", "TFLOPS Avail%": "0.00", "Workers": 2, "Ready": "False"}
 
     # a pod of the namespace goes: the waiting one takes its place
     core.delete_namespaced_pod("a-0", namespace, grace_period_seconds=0)
