@@ -130,17 +130,19 @@ def choose_victims(slots: Sequence[Slot], request: GPURequest, pods_on_node: int
 
 def victims(cluster: Cluster, node: str, request: GPURequest, priority: int, uid: str,
             pdb: PdbCheck | None = None, quota: QuotaFits | None = None,
-            anywhere: bool = False) -> list[Victim] | None:
+            elsewhere: Sequence[Allocation] = ()) -> list[Victim] | None:
     """The bound pods of lower priority on ``node`` whose release lets the pod fit (none needed: an empty
     list), or None when no such set exists or nothing could help. With ``quota`` the pod must fit its
-    quota too; with ``anywhere`` the victims may also be lower-priority pods on other nodes (those free
-    quota, not room on this node)."""
+    quota too, and the allocations of ``elsewhere`` (pods of its namespace on other nodes) may be victims
+    as well: they free quota, not room on this node."""
     ledger, max_pods = cluster.ledger, cluster.max_pods
     slots = cluster.slots(node)
     pods = ledger.pods_on(node)
     if not slots or evaluate(slots, request, pods, max_pods).fit is Fit.UNRESOLVABLE:
         return None
-    pool = ledger.allocations() if quota is not None and anywhere else ledger.allocations_on(node)
+    pool = ledger.allocations_on(node)
+    if quota is not None and elsewhere:
+        pool = [*pool, *(a for a in elsewhere if a.node != node)]
     candidates = [
         Candidate(a, {gpu: ledger.share(a, gpu) for gpu in a.gpu_ids})
         for a in pool
@@ -159,27 +161,33 @@ def victims(cluster: Cluster, node: str, request: GPURequest, priority: int, uid
 
 def preempt(cluster: Cluster, request: GPURequest, priority: int, uid: str, nodes: Sequence[str],
             pdb: PdbCheck | None = None, quota: QuotaFits | None = None,
-            anywhere: bool = False) -> dict[str, list[Victim]]:
+            anywhere_in: str | None = None) -> dict[str, list[Victim]]:
     """Per node, the victims whose release lets the pod fit; with ``pdb``, pods a PodDisruptionBudget
     protects are chosen only when no other set will do; with ``quota``, the pod's quota must admit it
-    once they are gone (victims on the node alone unless ``anywhere``)."""
+    once they are gone (victims on the node alone, unless ``anywhere_in`` names the pod's namespace: then
+    its lower-priority pods on any node too)."""
+    elsewhere: list[Allocation] = []
+    if quota is not None and anywhere_in is not None:
+        prefix = f"{anywhere_in}/"
+        elsewhere = [a for a in cluster.ledger.allocations()
+                     if a.priority < priority and a.pod_key.startswith(prefix)]
     out: dict[str, list[Victim]] = {}
     for node in nodes:
-        found = victims(cluster, node, request, priority, uid, pdb, quota, anywhere)
+        found = victims(cluster, node, request, priority, uid, pdb, quota, elsewhere)
         if found is not None:
             out[node] = found
     return out
 
 
 def find_preemption(cluster: Cluster, request: GPURequest, priority: int, uid: str,
-                    pdb: PdbCheck | None = None,
-                    quota: QuotaFits | None = None) -> tuple[str, list[Victim]] | None:
+                    pdb: PdbCheck | None = None, quota: QuotaFits | None = None,
+                    namespace: str | None = None) -> tuple[str, list[Victim]] | None:
     """The node and victims to preempt for, among the nodes with GPUs of the request's pool: the fewest
     PodDisruptionBudget violations, then the fewest victims, then the lowest highest priority among them,
-    then the node name. With ``quota``, victims anywhere in the pod's namespace may free its quota."""
+    then the node name. With ``quota``, victims anywhere in the pod's ``namespace`` may free its quota."""
     loads = cluster.load_table()
     nodes = [n for n in cluster.nodes() if request.pool in loads.get(n, {})]
-    options = preempt(cluster, request, priority, uid, nodes, pdb, quota, anywhere=True)
+    options = preempt(cluster, request, priority, uid, nodes, pdb, quota, anywhere_in=namespace)
     if not options:
         return None
 

@@ -282,8 +282,9 @@ class ClusterState:
         if isinstance(parsed, ContractError):
             return None
         quota = self.quota_gate.fits_without(pod, parsed.request) if self.quota_gate is not None else None
+        namespace = pod_key(pod).partition("/")[0]
         return preemption.find_preemption(self._cluster, parsed.request, pod_priority(pod), pod_uid(pod), pdb,
-                                          quota)
+                                          quota, namespace)
 
     def holds(self, uid: str) -> bool:
         """Whether the pod still holds GPU capacity (bound, reserved, or terminating but not gone)."""
