@@ -25,6 +25,7 @@ from extender.quota.usage import (
     demand_of,
     demands,
     namespace_of,
+    needs_gpus,
     usage_by_namespace,
 )
 
@@ -146,16 +147,20 @@ class QuotaBook:
                 return refusal
         return None
 
-    def blocks(self, pod: Mapping[str, Any]) -> Refusal | None:
+    def blocks(self, pod: Mapping[str, Any], smallest: Capacity | None = None) -> Refusal | None:
         """The refusal for a pod as it asks (its request parsed by the state), None when it may go or its
-        request does not parse (the filter says why)."""
+        request does not parse (the filter says why). A request whose amounts depend on its GPUs (a
+        percent, whole GPUs) is judged on GPUs of ``smallest`` capacity when given (the least TFLOPS and
+        VRAM of the GPUs it may land on: whatever GPUs it gets, it takes at least that), else on its GPU
+        count and worker alone."""
         if not self.quotas(pod_namespace(pod)):
             return None
         try:
             request = self.state.request_of(pod)
         except Exception:
             return None
-        return self.refusal(pod, request)
+        floor = [smallest] * request.gpu_count if smallest is not None and needs_gpus(request) else None
+        return self.refusal(pod, request, floor)
 
     def fits_without(self, pod: Mapping[str, Any],
                      request: GPURequest) -> Callable[[Sequence[Any]], bool] | None:

@@ -38,7 +38,7 @@ def build(deps: Deps, config: QuotaConfig) -> Built | None:
     book = QuotaBook(deps.state, quotas.list, pod_of)
     quotas.subscribe(book.quotas_changed)
     metrics = QuotaMetrics(deps.registry)
-    rule = QuotaRule(book, quotas, deps.recorder, metrics)
+    rule = QuotaRule(book, quotas, deps.recorder, metrics, node_gpus=deps.state.node_gpus)
     deps.state.quota_gate = rule
     writer = QuotaStatusWriter(book, quotas, KubeQuotaStatusApi(deps.api_client), deps.recorder, metrics)
     status = Reconciler("gpuresourcequota-status", writer.reconcile, interval=config.interval_seconds,

@@ -43,11 +43,21 @@ class Synced(Protocol):
     def synced(self) -> Any: ...
 
 
+class GPUsOf(Protocol):
+    def __call__(self, node: str) -> Sequence[Any]: ...  # GPUView-like: pool, capacity_tflops, capacity_vram
+
+
+def _no_gpus(node: str) -> Sequence[Any]:
+    return ()
+
+
 class QuotaRule(FilterHook):
     def __init__(self, book: QuotaBook, quotas: Synced, events: EventSink | None = None,
                  metrics: QuotaMetrics | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, node_gpus: GPUsOf | None = None) -> None:
         self.book = book
+        # the GPUs of a node (``ClusterState.node_gpus``), for the least capacity a percent request may get
+        self.node_gpus: GPUsOf = node_gpus if node_gpus is not None else _no_gpus
         self.quotas = quotas
         self.events = events
         self.clock = clock
@@ -75,11 +85,28 @@ class QuotaRule(FilterHook):
     def before_filter(self, pod: dict[str, Any], node_names: Sequence[str]) -> FilterOutcome | None:
         if (waiting := self._unsynced()) is not None:
             return FilterOutcome([], {}, {}, waiting, False)
-        refusal = self.book.blocks(pod)
+        refusal = self.book.blocks(pod, self._smallest(pod, node_names))
         if refusal is None:
             return None
         self._refused(pod, refusal, "filter")
         return refused_outcome(refusal.message, refusal.unresolvable, node_names)
+
+    def _smallest(self, pod: dict[str, Any], node_names: Sequence[str]) -> tuple[Fraction, int] | None:
+        """For a request counted on the GPUs it lands on: the least TFLOPS and VRAM of the GPUs of its pool
+        on the candidate nodes (a lower bound of what it takes); None for other requests or no GPU."""
+        book = self.book
+        if not book.quotas(str((pod.get("metadata") or {}).get("namespace") or "")):
+            return None
+        try:
+            request = book.state.request_of(pod)
+        except Exception:
+            return None
+        if not (request.takes_whole_gpu or request.uses_percent):
+            return None
+        gpus = [g for name in node_names for g in self.node_gpus(name) if g.pool == request.pool]
+        if not gpus:
+            return None
+        return min(g.capacity_tflops for g in gpus), min(g.capacity_vram for g in gpus)
 
     def admit(self, pod: dict[str, Any], node: str) -> str | None:
         if (waiting := self._unsynced()) is not None:

@@ -44,7 +44,7 @@ def total(tflops: str = "100", vram: str = "1Ti", namespace: str = "ml") -> dict
 def rule_on(state: ClusterState, *quotas: dict[str, Any], synced: bool = True) -> tuple[QuotaRule, Events]:
     events = Events()
     cache = Quotas(*quotas, synced=synced)
-    rule = QuotaRule(QuotaBook(state, cache.list), cache, events)
+    rule = QuotaRule(QuotaBook(state, cache.list), cache, events, node_gpus=state.node_gpus)
     state.quota_gate = rule
     return rule, events
 
@@ -186,3 +186,17 @@ def test_a_gang_is_admitted_whole_or_not_at_all():
     reservation = state.reserve(gang[0], "n1")  # a member already reserved is not counted twice
     assert rule.refusal_together(members) is None
     state.release(reservation)
+
+
+def test_a_percent_request_is_refused_at_filter_when_even_the_smallest_gpu_breaches():
+    state = make(gpu("big", "n1", tflops="300"), gpu("small", "n2", tflops="60"),
+                 bound("a", "n2", "small", tflops="10"))
+    rule, _ = rule_on(state, total("100"))
+    quarter = {"tensor-fusion.ai/compute-percent-request": "25"}
+    assert rule.before_filter(pod("p25", None, annotations=quarter), NODES) is None  # 15 on the small one
+    most = {"tensor-fusion.ai/compute-percent-request": "100"}
+    outcome = rule.before_filter(pod("p100", None, annotations=most), NODES)  # at least 60: 10 + 60 fits
+    assert outcome is None
+    outcome = rule.before_filter(pod("p2", None, annotations={**most, "tensor-fusion.ai/gpu-count": "2"}),
+                                 NODES)  # at least 2 x 60 = 120 > 90 left
+    assert outcome is not None and "requested 120 TFLOPS" in outcome.failed["n1"]
