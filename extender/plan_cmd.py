@@ -1,8 +1,9 @@
 """``tf-extender plan``: the actions the capacity controllers would take now, from a snapshot file.
 
 The snapshot is the multi-document YAML of ``simulate`` (Nodes, GPUs, GPUPools, SchedulingConfigTemplates,
-pods) plus GPUNodeClaims, NodeClaims, NodePools, PodDisruptionBudgets and the Karpenter NodeClasses the
-pools refer to (any kind ending in ``NodeClass``). Nothing is written to any cluster.
+GPUResourceQuotas, pods) plus GPUNodeClaims, NodeClaims, NodePools, PodDisruptionBudgets and the Karpenter
+NodeClasses the pools refer to (any kind ending in ``NodeClass``). A pending pod its namespace's quota holds
+is a ``quota-hold`` line and no demand. Nothing is written to any cluster.
 """
 
 from __future__ import annotations
@@ -29,17 +30,21 @@ from extender.controllers.capacity.config import DEFAULT_CLUSTER_NAME
 from extender.controllers.capacity.launch_plan import LaunchPayload, plan_launches, plan_provisioned_launches
 from extender.controllers.capacity.vendors import VendorChoice, pool_vendor
 from extender.controllers.defrag.plan import plan_defrag
+from extender.controllers.quota.plan import plan_quota_holds
 from extender.planning.action import Planner, plan
 from extender.planning.amounts import CapacityError
 from extender.planning.catalog import DEFAULT_CATALOG, Catalog, parse_catalog
 from extender.planning.inputs import Inputs
 from extender.planning.removal import DEFAULT_PROTECTION_SECONDS
+from extender.quota.book import QuotaBook
+from extender.quota.model import KIND
 from extender.scheduling.inventory import object_name
 from extender.scheduling.state import ClusterState
 from extender.simulate_cmd import load_cluster, read_file
 
 # The planners ``plan`` runs by default, in order; other planners register here with their own flag.
-DEFAULT_PLANNERS: list[Planner] = [plan_launches, plan_provisioned_launches, plan_compaction]
+DEFAULT_PLANNERS: list[Planner] = [plan_quota_holds, plan_launches, plan_provisioned_launches,
+                                   plan_compaction]
 
 
 def _kind(obj: dict[str, Any]) -> str:
@@ -57,6 +62,9 @@ def snapshot_inputs(objects: Sequence[dict[str, Any]], *, now: dt.datetime,
     """The planners' inputs from snapshot objects, with the extender's own inventory code."""
     state = ClusterState()
     load_cluster(state, objects)
+    quotas = [o for o in objects if _kind(o) == KIND]
+    if quotas:  # the snapshot's GPUResourceQuotas, against the usage of its bound pods
+        state.quota_gate = QuotaBook(state, lambda: quotas)
 
     def of(kind: str) -> list[dict[str, Any]]:
         return [o for o in objects if _kind(o) == kind]

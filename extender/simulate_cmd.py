@@ -2,6 +2,8 @@
 
 ``simulate`` is pure; ``main_simulate`` reads the two YAML files and prints the results. Each pod goes
 to the node the extender ranks first (ties by name) and is then recorded as bound, so later pods see it.
+GPUResourceQuotas in the cluster file hold the pods their namespaces' totals or caps refuse
+(``heldByQuota``), against the usage of the pods bound so far.
 """
 
 from __future__ import annotations
@@ -11,12 +13,16 @@ import functools
 import sys
 from collections import Counter
 from collections.abc import Iterable
+from fractions import Fraction
 from typing import Any
 
 from extender.common.contract import GPU_IDS, ContractError, RequestContext, parse_request, render_annotations
 from extender.common.output import add_output_argument, json_lines, table, yaml_document
 from extender.common.progress import Progress
 from extender.common.yamlio import YAMLFileError, iter_documents
+from extender.quota import needs_gpus
+from extender.quota.book import QuotaBook
+from extender.quota.model import KIND as QUOTA_KIND
 from extender.scheduling.placement import Mode
 from extender.scheduling.state import ClusterState, Kind, PlacementError, pod_key
 
@@ -92,13 +98,20 @@ def _reason(state: ClusterState, pod: dict[str, Any], nodes: list[str]) -> str:
     return f"0/{len(nodes)} nodes fit: " + "; ".join(parts)
 
 
-def place(state: ClusterState, pod: dict[str, Any]) -> dict[str, Any]:
-    """Place one pod as kube-scheduler plus the extender would, and record it as bound."""
+def _held(key: str, message: str) -> dict[str, Any]:
+    return {"pod": key, "node": None, "gpus": [], "reason": message, "heldByQuota": True}
+
+
+def place(state: ClusterState, pod: dict[str, Any], quotas: QuotaBook | None = None) -> dict[str, Any]:
+    """Place one pod as kube-scheduler plus the extender would, and record it as bound; with ``quotas``,
+    a pod its namespace's GPU quota refuses (at the filter, or on the GPUs chosen) stays unplaced."""
     key = pod_key(pod)
     try:
         pod = canonical_pod(state, pod)
     except ContractError as exc:
         return {"pod": key, "node": None, "gpus": [], "reason": str(exc)}
+    if quotas is not None and (refusal := quotas.blocks(pod)) is not None:
+        return _held(key, refusal.message)
     nodes = state.nodes()
     ranked = state.rank(pod, nodes)
     if not ranked:
@@ -108,6 +121,11 @@ def place(state: ClusterState, pod: dict[str, Any]) -> dict[str, Any]:
         reservation = state.reserve(pod, node)
     except PlacementError as exc:
         return {"pod": key, "node": None, "gpus": [], "reason": str(exc)}
+    if quotas is not None and needs_gpus(reservation.request):
+        capacities = [state.gpu_capacity(g) or (Fraction(0), 0) for g in reservation.gpu_ids]
+        if (refusal := quotas.refusal(pod, reservation.request, capacities)) is not None:
+            state.release(reservation)
+            return _held(key, refusal.message)
     pod["metadata"]["annotations"][GPU_IDS] = ",".join(reservation.gpu_ids)
     pod.setdefault("spec", {})["nodeName"] = node
     pod.setdefault("status", {})["phase"] = "Running"
@@ -130,11 +148,13 @@ def simulate_with_state(cluster_objects: list[dict[str, Any]], pods: list[dict[s
     if progress is not None:
         progress.begin("loading the cluster")
     load_cluster(state, cluster_objects)
+    quota_objects = [o for o in cluster_objects if o.get("kind") == QUOTA_KIND]
+    quotas = QuotaBook(state, lambda: quota_objects) if quota_objects else None
     if progress is not None:
         progress.begin("placing pods", len(pods))
     results = []
     for pod in pods:
-        results.append(place(state, pod))
+        results.append(place(state, pod, quotas))
         if progress is not None:
             progress.done += 1
     return results, state
@@ -180,7 +200,8 @@ def read_file(path: str, progress: Progress | None = None) -> list[dict[str, Any
 
 def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", required=True, metavar="CLUSTER.yaml",
-                        help="Nodes, GPU objects, GPUPools, SchedulingConfigTemplates and bound pods")
+                        help="Nodes, GPU objects, GPUPools, SchedulingConfigTemplates, GPUResourceQuotas and "
+                             "bound pods")
     parser.add_argument("--pods", required=True, metavar="PODS.yaml", help="pods to place, in order")
     parser.add_argument("--mode", choices=[m.value for m in Mode], default=None,
                         help="placement mode for every pool (default: each pool's own)")
@@ -209,4 +230,7 @@ def main_simulate(args: argparse.Namespace) -> int:
             sys.stdout.write(json_lines(results))
         sys.stdout.flush()
     print(utilisation_summary(state), file=sys.stderr)
+    held = sum(1 for r in results if r.get("heldByQuota"))
+    if held:
+        print(f"held by GPU quotas: {held} pod{'s' if held > 1 else ''}", file=sys.stderr)
     return 0

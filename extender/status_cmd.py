@@ -2,7 +2,8 @@
 kubeconfig.
 
 Per pool: placement mode, provisioning mode, nodes, GPUs, allocated / free TFLOPS and VRAM, partially
-used GPUs, pending GPU pods with the scheduler's last word on them, and NodeClaims in flight. The
+used GPUs, pending GPU pods with the scheduler's last word on them, and NodeClaims in flight; per namespace
+with a GPUResourceQuota: used / total requests, limits and workers. The
 figures come from the same ledger code the extender runs (``ClusterState`` fed the listed objects: a
 pod's ``tensor-fusion.ai/gpu-ids`` annotation is its allocation), so they are what the extender sees,
 not what a node agent last wrote. A human table by default, ``-o json`` for scripts.
@@ -25,6 +26,7 @@ from extender.common.output import add_output_argument, yaml_document
 from extender.controllers.gpustatus import PoolTotals, node_parts, tflops_text, vram_text
 from extender.kube import resources
 from extender.kube.resources import Resource
+from extender.quota.book import QuotaBook
 from extender.scheduling.state import ClusterState, Kind, PlacementError, pod_key
 
 NO_POOL = "-"
@@ -40,6 +42,7 @@ class StatusSnapshot:
     pods: list[dict[str, Any]]
     nodeclaims: list[dict[str, Any]]
     gpunodeclaims: list[dict[str, Any]] = field(default_factory=list)  # Karpenter-mode pools
+    quotas: list[dict[str, Any]] = field(default_factory=list)  # GPUResourceQuotas
 
 
 # --- pure: the report -----------------------------------------------------------------------------
@@ -156,7 +159,28 @@ def build_report(snapshot: StatusSnapshot) -> dict[str, Any]:
             "pendingPods": sorted(pending.get(name, []), key=lambda p: p["pod"]),
             "nodeClaimsInFlight": sorted(claims.get(name, []), key=lambda c: c["name"]),
         })
-    return {"pools": out}
+    return {"pools": out, "quotas": quota_report(state, snapshot.quotas)}
+
+
+def quota_report(state: ClusterState, quotas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per namespace with a GPUResourceQuota: used (the ledger's) and total per dimension; the total is the
+    smallest of the namespace's quotas, "-" when none caps it."""
+    book = QuotaBook(state, lambda: quotas)
+    out = []
+    for namespace, items in sorted(book.by_namespace().items()):
+        used = book.usage(namespace)
+        row: dict[str, Any] = {"namespace": namespace, "quotas": [q.name for q in items]}
+        for kind, spent in (("requests", used.requests), ("limits", used.limits)):
+            caps = [c for c in ((q.total_requests if kind == "requests" else q.total_limits) for q in items)
+                    if c is not None]
+            row[kind] = {
+                "tflops": {"used": tflops_text(spent.tflops),
+                           "total": tflops_text(min(c.tflops for c in caps)) if caps else "-"},
+                "vram": {"used": vram_text(spent.vram),
+                         "total": vram_text(min(c.vram for c in caps)) if caps else "-"}}
+        row["workers"] = {"used": used.workers, "total": min(q.max_workers for q in items)}
+        out.append(row)
+    return out
 
 
 def render_table(report: Mapping[str, Any]) -> str:
@@ -180,6 +204,13 @@ def render_table(report: Mapping[str, Any]) -> str:
     if pending:
         lines += ["", "Pending GPU pods:"]
         lines += [f"  {x['pod']} (pool {pool}): {x['reason']}" for pool, x in pending]
+    quotas = report.get("quotas") or []
+    if quotas:
+        lines += ["", "GPU quotas (used/total):"]
+        lines += [f"  {q['namespace']}: " + "; ".join(
+            f"{kind} {q[kind]['tflops']['used']}/{q[kind]['tflops']['total']} TFLOPS, "
+            f"{q[kind]['vram']['used']}/{q[kind]['vram']['total']} VRAM" for kind in ("requests", "limits"))
+            + f"; workers {q['workers']['used']}/{q['workers']['total']}" for q in quotas]
     claims = [(p["name"], c) for p in report["pools"] for c in p["nodeClaimsInFlight"]]
     if claims:
         lines += ["", "NodeClaims in flight:"]
@@ -200,7 +231,8 @@ def read_snapshot(list_all: Callable[[Resource, str | None], list[dict[str, Any]
         pools=list_all(resources.GPU_POOLS, None),
         templates=list_all(resources.SCHEDULING_CONFIG_TEMPLATES, None),
         pods=list_all(resources.PODS, selector), nodeclaims=list_all(resources.NODECLAIMS, None),
-        gpunodeclaims=list_all(resources.GPU_NODE_CLAIMS, None))
+        gpunodeclaims=list_all(resources.GPU_NODE_CLAIMS, None),
+        quotas=list_all(resources.GPU_RESOURCE_QUOTAS, None))
 
 
 def kube_lister(api_client: Any) -> Callable[[Resource, str | None], list[dict[str, Any]]]:
@@ -237,7 +269,8 @@ def in_namespace(report: Mapping[str, Any], namespace: str) -> dict[str, Any]:
                       "pendingPods": [p for p in pool["pendingPods"] if p["pod"].startswith(prefix)],
                       "nodeClaimsInFlight": [c for c in pool["nodeClaimsInFlight"]
                                              if str(c.get("forPod", prefix)).startswith(prefix)]})
-    return {**report, "pools": pools}
+    quotas = [q for q in report.get("quotas") or [] if q["namespace"] == namespace]
+    return {**report, "pools": pools, "quotas": quotas}
 
 
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:

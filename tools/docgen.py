@@ -172,12 +172,13 @@ def extender_registry() -> Any:
     from extender.controllers.capacity.config import CapacityConfig
     from extender.controllers.gpunode.config import GPUNodeConfig
     from extender.controllers.gpustatus import StatusSettings
+    from extender.controllers.quota.config import QuotaConfig
     from extender.service import ExtenderService, Settings
 
     configuration = client.Configuration()
     configuration.host = "http://127.0.0.1:1"
     settings = Settings(controllers={"capacity": CapacityConfig(enabled=True), "gpustatus": StatusSettings(),
-                                     "gpunode": GPUNodeConfig()})
+                                     "gpunode": GPUNodeConfig(), "quota": QuotaConfig()})
     return ExtenderService(client.ApiClient(configuration), settings).metrics.registry
 
 

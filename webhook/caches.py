@@ -1,5 +1,6 @@
-"""The serving ``ClusterView``: GPUPools, WorkloadProfiles and SchedulingConfigTemplates from watch caches,
-owners from the owner cache. The only module of the webhook that talks to the API server."""
+"""The serving ``ClusterView``: GPUPools, WorkloadProfiles, SchedulingConfigTemplates and GPUResourceQuotas
+from watch caches, owners from the owner cache. The only module of the webhook that talks to the API
+server."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from typing import Any, Protocol, cast
 
 from extender.common.tasks import cancel_and_wait
 from extender.kube.informer import WatchCache
-from extender.kube.resources import GPU_POOLS, SCHEDULING_CONFIG_TEMPLATES, WORKLOAD_PROFILES
+from extender.kube.resources import (
+    GPU_POOLS,
+    GPU_RESOURCE_QUOTAS,
+    SCHEDULING_CONFIG_TEMPLATES,
+    WORKLOAD_PROFILES,
+)
 from webhook.owners import OwnerCache, OwnerKey, api_fetcher, owners_of
 from webhook.view import ClusterView, KubeObject, pick_default_pool
 
@@ -28,11 +34,12 @@ class CachedClusterView:
     """A ``ClusterView`` for one admission request."""
 
     def __init__(self, pools: ObjectSource, profiles: ObjectSource, templates: ObjectSource,
-                 owners: Mapping[OwnerKey, KubeObject]) -> None:
+                 owners: Mapping[OwnerKey, KubeObject], quotas: ObjectSource | None = None) -> None:
         self._pools = pools
         self._profiles = profiles
         self._templates = templates
         self._owners = owners
+        self._quotas = quotas
 
     def pool(self, name: str) -> KubeObject | None:
         return self._pools.get(name)
@@ -46,6 +53,11 @@ class CachedClusterView:
     def template(self, name: str) -> KubeObject | None:
         return self._templates.get(name)
 
+    def quotas(self, namespace: str) -> list[KubeObject]:
+        if self._quotas is None:
+            return []
+        return [q for q in self._quotas.list() if (q.get("metadata") or {}).get("namespace") == namespace]
+
     def owner(self, namespace: str, kind: str, name: str) -> KubeObject | None:
         return self._owners.get((namespace, kind, name))
 
@@ -55,17 +67,18 @@ class ServingCaches:
 
     def __init__(self, pools: ObjectSource, profiles: ObjectSource, templates: ObjectSource,
                  owners: OwnerCache, *, synced: list[asyncio.Event] | None = None,
-                 owner_timeout: float = DEFAULT_OWNER_TIMEOUT) -> None:
+                 owner_timeout: float = DEFAULT_OWNER_TIMEOUT, quotas: ObjectSource | None = None) -> None:
         self.pools = pools
         self.profiles = profiles
         self.templates = templates
+        self.quotas = quotas
         self.owners = owners
         self.owner_timeout = owner_timeout
         self._synced = synced or []
-        self._ownerless = CachedClusterView(pools, profiles, templates, {})
+        self._ownerless = CachedClusterView(pools, profiles, templates, {}, quotas)
         self._tasks: list[asyncio.Task[None]] = []
         self._caches: list[WatchCache] = []
-        # Bumped on every change of a pool, profile or template: the mutation cache's invalidation.
+        # Bumped on every change of a pool, profile, template or quota: the mutation cache's invalidation.
         self.generation = 0
 
     def bump(self, *_event: Any) -> None:
@@ -74,12 +87,12 @@ class ServingCaches:
     @classmethod
     def from_api(cls, api_client: Any) -> ServingCaches:
         # Optional: a cluster without the TensorFusion CRDs still serves (and denies for lack of a pool).
-        pools, profiles, templates = caches = [
+        pools, profiles, templates, quotas = caches = [
             WatchCache(api_client, resource, optional=True)
-            for resource in (GPU_POOLS, WORKLOAD_PROFILES, SCHEDULING_CONFIG_TEMPLATES)
+            for resource in (GPU_POOLS, WORKLOAD_PROFILES, SCHEDULING_CONFIG_TEMPLATES, GPU_RESOURCE_QUOTAS)
         ]
         serving = cls(pools, profiles, templates, OwnerCache(api_fetcher(api_client)),
-                      synced=[cache.synced for cache in caches])
+                      synced=[cache.synced for cache in caches], quotas=quotas)
         serving._caches = caches
         for cache in caches:
             cache.on_change = serving.bump
@@ -108,4 +121,4 @@ class ServingCaches:
         owners = await owners_of(pod, namespace, self.owners, self.owner_timeout)
         if not owners:  # most pods: one view serves them all (it reads the caches live)
             return self._ownerless
-        return CachedClusterView(self.pools, self.profiles, self.templates, owners)
+        return CachedClusterView(self.pools, self.profiles, self.templates, owners, self.quotas)

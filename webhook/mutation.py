@@ -44,6 +44,7 @@ from extender.common.contract import (
 from extender.kube.selectors import selects
 from webhook.karpenter import add_do_not_disrupt
 from webhook.patch import PatchOp, diff
+from webhook.quota_defaults import quota_defaults
 from webhook.view import ClusterView, KubeObject, name_of
 from webhook.workload import label_value, workload_name
 
@@ -175,6 +176,11 @@ def _mutated(pod: KubeObject, view: ClusterView, namespace: str, scheduler_name:
     if GPU_POOL not in inputs and isinstance(labels.get(POOL_LABEL), str):
         inputs[GPU_POOL] = labels[POOL_LABEL]
     profile_values, profile_source = _profile(inputs, namespace, view)
+    given = {**profile_values, **inputs}
+    defaults, defaults_source = quota_defaults(view.quotas(namespace), given, native_gpus=bool(native))
+    if defaults:  # the lowest layer, below the profile (named as the source of what it gives)
+        profile_values = {**defaults, **profile_values}
+        profile_source = " over ".join(s for s in (profile_source, defaults_source) if s)
     default_pool = view.default_pool()
     context = RequestContext(
         profile_annotations=profile_values,

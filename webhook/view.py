@@ -17,7 +17,8 @@ KubeObject = dict[str, Any]
 
 # Kinds whose objects the view resolves as owners of a pod (ReplicaSet -> Deployment, Job -> CronJob).
 OWNER_KINDS = ("ReplicaSet", "Job")
-_NAMESPACED_KINDS = frozenset({"WorkloadProfile", "ReplicaSet", "Job", "Deployment", "CronJob", "Pod"})
+_NAMESPACED_KINDS = frozenset({"WorkloadProfile", "ReplicaSet", "Job", "Deployment", "CronJob", "Pod",
+                               "GPUResourceQuota"})
 
 
 class ClusterView(Protocol):
@@ -32,6 +33,9 @@ class ClusterView(Protocol):
 
     def template(self, name: str) -> KubeObject | None:
         """The SchedulingConfigTemplate of that name."""
+
+    def quotas(self, namespace: str) -> list[KubeObject]:
+        """The GPUResourceQuotas of the namespace."""
 
     def owner(self, namespace: str, kind: str, name: str) -> KubeObject | None:
         """A pod's owner object (``ReplicaSet`` or ``Job``), to follow the owner chain one step up."""
@@ -78,6 +82,10 @@ class StaticClusterView:
 
     def template(self, name: str) -> KubeObject | None:
         return self._objects.get(("SchedulingConfigTemplate", None, name))
+
+    def quotas(self, namespace: str) -> list[KubeObject]:
+        return [o for (kind, ns, _), o in self._objects.items()
+                if kind == "GPUResourceQuota" and ns == namespace]
 
     def owner(self, namespace: str, kind: str, name: str) -> KubeObject | None:
         return self._objects.get((kind, namespace, name))

@@ -13,11 +13,13 @@ from extender.controllers import (
     gpustatus,
     nudge,
     preemptor,
+    quota,
     tfcluster,
 )
 from extender.controllers.wiring import ControllerPackage
 
 CONTROLLERS: tuple[ControllerPackage, ...] = (
+    quota,
     preemptor,
     nudge,
     gpustatus,

@@ -33,6 +33,7 @@ SCHEDULING_CONFIG_TEMPLATES = Resource(
     "tensor-fusion.ai", "v1", "schedulingconfigtemplates", "SchedulingConfigTemplate", False
 )
 WORKLOAD_PROFILES = Resource("tensor-fusion.ai", "v1", "workloadprofiles", "WorkloadProfile", True)
+GPU_RESOURCE_QUOTAS = Resource("tensor-fusion.ai", "v1", "gpuresourcequotas", "GPUResourceQuota", True)
 TENSOR_FUSION_WORKLOADS = Resource("tensor-fusion.ai", "v1", "tensorfusionworkloads", "TensorFusionWorkload",
                                   True)
 GPU_NODE_CLAIMS = Resource("tensor-fusion.ai", "v1", "gpunodeclaims", "GPUNodeClaim", False)

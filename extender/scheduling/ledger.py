@@ -283,6 +283,11 @@ class Ledger:
     def usage(self, gpu: str) -> Usage:
         return self._usage.get(gpu, _ZERO)
 
+    def capacity(self, gpu: str) -> tuple[int, int] | None:
+        """A known GPU's capacity: nano-TFLOPS and VRAM bytes."""
+        info = self._gpus.get(gpu)
+        return (info.capacity_tflops, info.capacity_vram) if info is not None else None
+
     def pods_on(self, node: str) -> int:
         return self._pods_per_node[node]
 

@@ -42,7 +42,7 @@ from extender.scheduling.placement import (
     tier_of,
     topology_settings,
 )
-from extender.scheduling.preemption import PdbCheck, Victim
+from extender.scheduling.preemption import PdbCheck, QuotaGate, Victim
 from extender.scheduling.requests import PlacementError, RequestCache
 from extender.scheduling.topology import Settings as TopologySettings
 from extender.scheduling.topology import Tier
@@ -67,6 +67,14 @@ class FilterOutcome:
     capacity_only: bool
 
 
+def refused_outcome(message: str, unresolvable: bool, node_names: Sequence[str]) -> FilterOutcome:
+    """Every node refused for one reason that holds wherever the pod goes (a namespace's quota):
+    unresolvable (no preemption or new node helps), or failed with ``capacity_only`` False."""
+    answer = dict.fromkeys(node_names, message)
+    return FilterOutcome([], {}, answer, None, False) if unresolvable else FilterOutcome([], answer, {}, None,
+                                                                                          False)
+
+
 class ClusterState:
     def __init__(self, *, inventory: InventorySource = InventorySource.AUTO, max_pods_per_node: int = 256,
                  mode_override: str | None = None, on_refused: RefusalSink | None = None,
@@ -82,6 +90,8 @@ class ClusterState:
         self._assemble(cluster, AssumeCache(cluster, clock=clock, hold_seconds=hold_seconds))
 
     def _assemble(self, cluster: Cluster, assume: AssumeCache) -> None:
+        # a rule that lets preemption count quota room (controllers/quota sets it on the live state)
+        self.quota_gate: QuotaGate | None = None
         self._cluster = cluster
         self._assume = assume
         self._verdicts = Verdicts(cluster)
@@ -105,6 +115,7 @@ class ClusterState:
         sim = type(self).__new__(type(self))
         sim._assemble(cluster, assume)
         sim.vector_min = self.vector_min
+        sim.quota_gate = self.quota_gate
         yield sim
 
     # --- events -----------------------------------------------------------------------------------
@@ -190,6 +201,14 @@ class ClusterState:
                 verdict = table.verdicts[name]
                 (failed if verdict.fit is Fit.FAILED else unresolvable)[name] = verdict.message
         return FilterOutcome(fits, failed, unresolvable, None, not fits and bool(failed))
+
+    def filter_with_quota(self, pod: dict[str, Any], node_names: Sequence[str]) -> FilterOutcome:
+        """``filter`` with the pod's namespace quota judged first (``quota_gate``), as the verb answers, but
+        recording nothing: for the planners and the expander's second look, so that a pod its quota holds
+        is never taken for one that lacks capacity."""
+        if self.quota_gate is not None and (refusal := self.quota_gate.blocks(pod)) is not None:
+            return refused_outcome(refusal.message, refusal.unresolvable, node_names)
+        return self.filter(pod, node_names)
 
     def prioritize(self, pod: dict[str, Any], node_names: Sequence[str]) -> list[tuple[str, int]]:
         if (held := self._assume.held_node(pod)) is not None:
@@ -280,7 +299,9 @@ class ClusterState:
         parsed = self._parse(pod, self._cluster.default_pool)
         if isinstance(parsed, ContractError):
             return {}
-        return preemption.preempt(self._cluster, parsed.request, pod_priority(pod), pod_uid(pod), nodes, pdb)
+        quota = self.quota_gate.fits_without(pod, parsed.request) if self.quota_gate is not None else None
+        return preemption.preempt(self._cluster, parsed.request, pod_priority(pod), pod_uid(pod), nodes, pdb,
+                                  quota)
 
     def find_preemption(self, pod: dict[str, Any],
                         pdb: PdbCheck | None = None) -> tuple[str, list[Victim]] | None:
@@ -289,7 +310,10 @@ class ClusterState:
         parsed = self._parse(pod, self._cluster.default_pool)
         if isinstance(parsed, ContractError):
             return None
-        return preemption.find_preemption(self._cluster, parsed.request, pod_priority(pod), pod_uid(pod), pdb)
+        quota = self.quota_gate.fits_without(pod, parsed.request) if self.quota_gate is not None else None
+        namespace = pod_key(pod).partition("/")[0]
+        return preemption.find_preemption(self._cluster, parsed.request, pod_priority(pod), pod_uid(pod), pdb,
+                                          quota, namespace)
 
     def holds(self, uid: str) -> bool:
         """Whether the pod still holds GPU capacity (bound, reserved, or terminating but not gone)."""
@@ -299,6 +323,11 @@ class ClusterState:
 
     def node_gpus(self, node: str) -> list[GPUView]:
         return views.node_gpus(self._cluster, node)
+
+    def gpu_capacity(self, gpu: str) -> tuple[Fraction, int] | None:
+        """A known GPU's TFLOPS and VRAM bytes."""
+        capacity = self._cluster.ledger.capacity(gpu)
+        return (Fraction(capacity[0], 10**9), capacity[1]) if capacity is not None else None
 
     def gpu_holders(self, gpu: str) -> list[Allocation]:
         """The allocations holding a share of one GPU, by pod uid."""

@@ -213,6 +213,9 @@ class Binder:
             reservation = self.state.reserve(pod, node)
         except Exception as exc:  # PlacementError, or a pod whose request no longer parses
             return f"cannot place pod {ns}/{name} on node {node}: {exc}"
+        if reason := self.hooks.admit_reserved(pod, node, reservation.gpu_ids):
+            self.state.release(reservation)
+            return f"cannot place pod {ns}/{name} on node {node}: {reason}"
         index = pod_index(pod)
         index_now = index is not None and self.state.pending_index_holder(node, index, uid) is None
         annotations = bind_annotations(reservation, index if index_now else None)

@@ -16,11 +16,14 @@ use for):
    error, so kube-scheduler retries the pod with backoff instead of parking it (preemption making room).
    The first hook with a reason answers.
 
-The bind verb asks one point:
+The bind verb asks two points:
 
 - ``admit(pod, node) -> reason | None``: asked after the pod's bind is decided and before its GPUs are
   reserved, with no await between the two, so what a hook checks against the ledger still holds when the
   reservation is made (a quota's total). A reason refuses the bind; kube-scheduler retries the pod.
+- ``admit_reserved(pod, node, gpu_ids) -> reason | None``: asked right after the reservation, again with
+  no await between, for what depends on the GPUs chosen (a quota counting a percent of a GPU in that GPU's
+  TFLOPS). A reason releases the reservation and refuses the bind.
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ class FilterHook:
     def admit(self, pod: dict[str, Any], node: str) -> str | None:
         return None
 
+    def admit_reserved(self, pod: dict[str, Any], node: str, gpu_ids: Sequence[str]) -> str | None:
+        return None
+
 
 class FilterHooks:
     """The hooks of every controller, called as the module docstring says."""
@@ -64,6 +70,7 @@ class FilterHooks:
         self._narrow = [h for h in hooks if type(h).narrow is not cls.narrow]
         self._hold = [h for h in hooks if type(h).hold_back is not cls.hold_back]
         self._admit = [h for h in hooks if type(h).admit is not cls.admit]
+        self._admit_reserved = [h for h in hooks if type(h).admit_reserved is not cls.admit_reserved]
 
     def before_filter(self, pod: dict[str, Any], node_names: Sequence[str]) -> FilterOutcome | None:
         for hook in self._before:
@@ -92,5 +99,11 @@ class FilterHooks:
     def admit(self, pod: dict[str, Any], node: str) -> str | None:
         for hook in self._admit:
             if reason := hook.admit(pod, node):
+                return reason
+        return None
+
+    def admit_reserved(self, pod: dict[str, Any], node: str, gpu_ids: Sequence[str]) -> str | None:
+        for hook in self._admit_reserved:
+            if reason := hook.admit_reserved(pod, node, gpu_ids):
                 return reason
         return None

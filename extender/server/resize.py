@@ -8,12 +8,16 @@ it back if the patch fails); a scale-down frees its room only after the patch su
 after the decision: ``ResourceScaledUp`` or ``ResourceScaledDown`` when the pod was resized,
 ``ResizeLimited`` (a warning) when a scale-up was cut to the room left or refused. Nothing is evicted, the
 pod is not restarted (same uid), and a restarted extender reads the same figures back from the pod.
+
+A namespace's GPU quota bounds a scale-up by its delta (``quota``: the growth, times the pod's GPUs, within
+what the totals leave, each figure within the single caps); a cut says so in ``ResizeResult.quota``.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any, Protocol
 
@@ -45,6 +49,11 @@ class ResizeState(Protocol):
     def bound_allocation(self, uid: str) -> Allocation | None: ...
 
 
+class QuotaRoom(Protocol):
+    def resize_room(self, pod: dict[str, Any], allocation: Allocation, tflops: Fraction | None,
+                    vram: int | None) -> tuple[Fraction | None, int | None, str]: ...
+
+
 class EventSink(Protocol):
     def record(self, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None: ...
 
@@ -66,6 +75,7 @@ class ResizeResult:
     vram: int
     message: str
     error: str = ""  # the patch failed: nothing changed
+    quota: str = ""  # a scale-up cut by the namespace's GPU quota: what it says
 
 
 def _grow(old: Fraction | int, new: Fraction | int | None) -> Any:
@@ -73,10 +83,12 @@ def _grow(old: Fraction | int, new: Fraction | int | None) -> Any:
 
 
 class Resizer:
-    def __init__(self, state: ResizeState, api: PodApi, events: EventSink) -> None:
+    def __init__(self, state: ResizeState, api: PodApi, events: EventSink,
+                 quota: Callable[[], QuotaRoom | None] | None = None) -> None:
         self.state = state
         self.api = api
         self.events = events
+        self.quota = quota  # the namespaces' GPU quotas, when enforced
 
     async def resize(self, pod: dict[str, Any], target: Target) -> ResizeResult:
         uid, key = pod_uid(pod), pod_key(pod)
@@ -88,19 +100,26 @@ class Resizer:
         old_t = before.request.tflops_request or Fraction(0)
         old_v = before.request.vram_request
         # the grown part first: a scale-up takes its room now, under the ledger's single-threaded verbs
-        grown = self.state.resize(uid, _grow(old_t, target.tflops_request), _grow(old_v, target.vram_request))
+        want_t, want_v = _grow(old_t, target.tflops_request), _grow(old_v, target.vram_request)
+        quota = self.quota() if self.quota is not None else None
+        cut = ""
+        if quota is not None:
+            want_t, want_v, cut = quota.resize_room(pod, before, want_t, want_v)
+        grown = self.state.resize(uid, want_t, want_v)
+        if cut:
+            grown = replace(grown, message=f"{cut}; {grown.message}" if grown.message else cut)
         granted_t = (grown.after.request.tflops_request or Fraction(0)) if grown.after else old_t
         granted_v = grown.after.request.vram_request if grown.after else old_v
         final_t = granted_t if target.tflops_request is None or target.tflops_request > old_t \
             else target.tflops_request
         final_v = granted_v if target.vram_request is None or target.vram_request > old_v \
             else target.vram_request
-        limited = grown.outcome is Resized.CLAMPED or (
+        limited = bool(cut) or grown.outcome is Resized.CLAMPED or (
             grown.outcome is Resized.REFUSED and grown.message.startswith("its GPUs have no room"))
         if final_t == old_t and final_v == old_v:
             if limited:
                 self.events.record(pod, RESIZE_LIMITED, f"not resized: {grown.message}", "Warning")
-            return ResizeResult(Resized.REFUSED, old_t, old_v, grown.message)
+            return ResizeResult(Resized.REFUSED, old_t, old_v, grown.message, quota=cut)
         annotations = {ALLOCATED: format_allocated(before.request.model_copy(
             update={"tflops_request": final_t, "vram_request": final_v}))}
         if final_t != old_t:
@@ -128,4 +147,5 @@ class Resizer:
         log.info("resized", extra={"pod": key, "change": message, "limited": limited})
         held_t = (after.request.tflops_request or Fraction(0)) if after else final_t
         held_v = after.request.vram_request if after else final_v
-        return ResizeResult(Resized.CLAMPED if limited else Resized.RESIZED, held_t, held_v, message)
+        outcome = Resized.CLAMPED if limited else Resized.RESIZED
+        return ResizeResult(outcome, held_t, held_v, message, quota=cut)

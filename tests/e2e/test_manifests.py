@@ -223,6 +223,8 @@ def test_shipped_rbac_grants_what_the_components_need_and_no_more(api_client, dy
         ("watch", "poddisruptionbudgets", "policy", ""),  # preemption's PDB cache
         ("create", "pods", "", "eviction"),  # preemption and defragmentation evict, never delete
         ("delete", "nodeclaims", "karpenter.sh", ""),  # compaction releases Karpenter-mode nodes
+        ("watch", "gpuresourcequotas", "tensor-fusion.ai", ""),  # the quota rule
+        ("patch", "gpuresourcequotas", "tensor-fusion.ai", "status"),
     ]:
         assert can("tensor-fusion-scheduler", verb, res, group, ns="default", sub=sub)
     # the scheduler's own lease
@@ -236,6 +238,7 @@ def test_shipped_rbac_grants_what_the_components_need_and_no_more(api_client, dy
         ("get", "gpupools", "tensor-fusion.ai"),
         ("list", "workloadprofiles", "tensor-fusion.ai"),
         ("watch", "schedulingconfigtemplates", "tensor-fusion.ai"),
+        ("watch", "gpuresourcequotas", "tensor-fusion.ai"),  # single.defaultRequests / defaultLimits
         ("get", "replicasets", "apps"),
         ("get", "jobs", "batch"),
     ]:
@@ -355,6 +358,7 @@ def test_project_crd_defaults_a_minimal_object_as_tensor_fusion_does(api_client,
             "gpunodes": lambda: {k: status.get(k)
                                  for k in ("phase", "totalTFlops", "totalVRAM", "totalGPUs")},
             "gpunodeclasses": lambda: spec,
+            "gpuresourcequotas": lambda: spec,
             "tensorfusionworkloads": lambda: spec,
         }[plural]()
 

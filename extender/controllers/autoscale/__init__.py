@@ -33,7 +33,8 @@ def build(deps: Deps, options: AutoscaleOptions) -> Built | None:
     from extender.server.resize import Resizer
 
     autoscaler = WorkloadAutoscaler(deps.state, deps.core.pods, KubeWorkloadApi(deps.kube),
-                                    Resizer(deps.state, deps.pod_api, deps.recorder), options)
+                                    Resizer(deps.state, deps.pod_api, deps.recorder,
+                                            quota=lambda: deps.state.quota_gate), options)
     controller = Reconciler("workload-autoscale", autoscaler.reconcile, interval=options.interval_seconds,
                             leader_only=True, caches=deps.core.all)
     return Built(controllers=(controller,), part=autoscaler)

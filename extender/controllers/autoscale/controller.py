@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 CONDITION = "ResourceUpdate"
 INVALID_CONFIG = "InvalidAutoScalingConfig"
 USAGE_UNAVAILABLE = "UsageUnavailable"
+QUOTA_LIMITED = "QuotaLimited"  # a resize cut by the namespace's GPUResourceQuota
 
 
 class WorkloadApi(Protocol):
@@ -71,6 +72,7 @@ class _Memory:
     evaluated_ns: int = 0  # when the workload was last evaluated (autoSetResources.interval paces it)
     # worker uid -> (target, what it held) after a resize limited by room: not asked again until either moves
     limited: dict[str, tuple[Target, Fraction, int]] = field(default_factory=dict)
+    quota_cut: dict[str, str] = field(default_factory=dict)  # worker uid -> the quota's cut, while it cuts
 
 
 def _q_tflops(value: Fraction) -> str:
@@ -303,6 +305,10 @@ class WorkloadAutoscaler:
                 memory.limited[uid] = (target, result.tflops, result.vram)
             else:
                 memory.limited.pop(uid, None)
+            if result.quota:
+                memory.quota_cut[uid] = f"{allocation.pod_key}: {result.quota}"
+            elif not result.error:
+                memory.quota_cut.pop(uid, None)
             log.info("worker resize", extra={"pod": allocation.pod_key, "outcome": result.outcome.value,
                                              "detail": result.message})
 
@@ -315,6 +321,11 @@ class WorkloadAutoscaler:
             status, reason = "False", INVALID_CONFIG
             more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
             message = "; ".join(problems[:5]) + more
+        elif memory.quota_cut:
+            cuts = sorted(memory.quota_cut.values())
+            status, reason = "True", QUOTA_LIMITED
+            message = ("resized within the namespace's GPU quota, short of the recommendation: "
+                       + "; ".join(cuts))
         else:
             status, reason, message = "True", memory.reason or "Pending", memory.message or \
                 "no recommendation yet"

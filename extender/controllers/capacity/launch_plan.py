@@ -72,7 +72,8 @@ def _capacity_only(outcome: FilterOutcome) -> bool:
 def pending_demand(inputs: Inputs, config: PoolConfig, nodes: Sequence[str],
                    offers: Sequence[Offering]) -> tuple[Amount, list[Offering]]:
     """What the pool's pending pods ask for, counting only pods that fit none of the pool's nodes for
-    lack of capacity (every pod when the pool has no node yet) and that an eligible instance type holds;
+    lack of capacity (every pod when the pool has no node yet), that their namespace's GPU quota admits
+    (no node is bought for a pod the quota holds) and that an eligible instance type holds;
     and the offerings that hold every one of those pods (a 4-GPU pod needs a node with 4 GPUs, whatever
     the cheapest TFLOPS are)."""
     total = ZERO
@@ -85,13 +86,16 @@ def pending_demand(inputs: Inputs, config: PoolConfig, nodes: Sequence[str],
             request = inputs.state.request_of(pod)
         except PlacementError:
             continue
+        gate = inputs.state.quota_gate
+        if gate is not None and gate.blocks(pod) is not None:
+            continue
         if request.pool == config.name:
             asking.append((pod, request))
     if nodes and asking:
         # the filter lapses holds and caches verdicts: a plan asks a what-if copy, never the live state
         with inputs.state.what_if() as sim:
             asking = [(pod, request) for pod, request in asking
-                      if _capacity_only(sim.filter(dict(pod), list(nodes)))]
+                      if _capacity_only(sim.filter_with_quota(dict(pod), list(nodes)))]
     for _pod, request in asking:
         topology = inputs.state.topology_for(request.pool)
         holders = [o for o in offers if _holds(o, request, topology)]

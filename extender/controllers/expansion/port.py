@@ -163,7 +163,7 @@ def kube_expander(config: ExpansionConfig, api_client: client.ApiClient, state: 
     port = KubeExpansionPort(api_client, state.node_gpus, recorder, caches)
     waited = tuple(dict.fromkeys((*wait_for, *caches.all)))
     expander = Expander(config, port, request_of=state.request_of, metrics=ExpansionMetrics(registry),
-                        refilter=state.filter, caches=waited)
+                        refilter=state.filter_with_quota, caches=waited)
     port.set_on_change(expander.wake)
     port.set_on_pod(expander.pod_changed)
     return expander

@@ -122,6 +122,8 @@ SERVE_FLAGS_ADDED_SINCE: dict[str, tuple[str, Any, list[str] | None]] = {
     "--tensorfusion-cluster-interval": ("tensorfusion_cluster_interval", 30.0, None),
     "--gpu-nodes --no-gpu-nodes": ("gpu_nodes_enabled", True, None),
     "--gpu-node-interval": ("gpu_node_interval", 5.0, None),
+    "--gpu-quotas --no-gpu-quotas": ("gpu_quotas_enabled", True, None),
+    "--gpu-quota-status-interval": ("gpu_quota_status_interval", 5.0, None),
 }
 
 

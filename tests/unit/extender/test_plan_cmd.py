@@ -255,3 +255,19 @@ def test_plan_prints_a_table_or_yaml_on_request(tmp_path: Path, capsys: pytest.C
         lines = out.splitlines()
         assert lines[0].split() == ["ACTION", "POOL", "NODE", "REASON"]
         assert [line.split()[:3] for line in lines[1:]] == [["launch", "kp", "-"], ["launch", "kp", "-"]]
+
+
+def test_a_pending_pod_its_quota_holds_is_a_quota_hold_and_no_demand(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    quota = {"apiVersion": "tensor-fusion.ai/v1", "kind": "GPUResourceQuota",
+             "metadata": {"name": "q", "namespace": "ml"},
+             "spec": {"total": {"requests": {"tflops": "100", "vram": "1Ti"}}}}
+    objects = [NODE_CLASS, karpenter_pool("kp"), gpu_node("n1", "kp"),
+               gpu_pod("full", "kp", "n1", tflops="70"), gpu_pod("waiting", "kp", tflops="50"), quota]
+    lines = run_plan(tmp_path, objects, capsys=capsys)
+    assert [(x["action"], x.get("pod")) for x in lines] == [("quota-hold", "ml/waiting")]
+    assert "used 70 TFLOPS, requested 50 TFLOPS, cap 100 TFLOPS" in lines[0]["reason"]
+    quota["spec"]["total"]["requests"]["tflops"] = "120"  # room for it: a node is bought as before
+    lines = run_plan(tmp_path, objects, capsys=capsys)
+    assert [x["action"] for x in lines] == ["launch"]

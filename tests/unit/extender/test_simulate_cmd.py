@@ -102,3 +102,13 @@ def test_main_prints_a_table_or_yaml_on_request(tmp_path: Path, capsys: pytest.C
     else:
         assert out.splitlines() == ["POD     NODE  GPUS  REASON", "ml/one  a     a-0   -",
                                     "ml/two  b     b-1   -"]
+
+
+def test_quotas_in_the_cluster_hold_the_pods_their_totals_refuse() -> None:
+    quota = {"apiVersion": "tensor-fusion.ai/v1", "kind": "GPUResourceQuota",
+             "metadata": {"name": "q", "namespace": "ml"},
+             "spec": {"total": {"requests": {"tflops": "100", "vram": "1Ti"}}}}
+    results = simulate([*CLUSTER, quota], PODS, None)  # 30 bound already: one (50) fits, two (50) does not
+    assert [(r["pod"], r["node"] is not None, r.get("heldByQuota", False)) for r in results] == [
+        ("ml/one", True, False), ("ml/two", False, True), ("ml/three", False, True), ("ml/huge", False, True)]
+    assert "used 80 TFLOPS, requested 50 TFLOPS, cap 100 TFLOPS" in results[1]["reason"]

@@ -82,7 +82,7 @@ def test_snapshot_lists_gpu_pods_only_and_every_kind():
     read_snapshot(list_all)
     assert ("pods", "tensor-fusion.ai/component=worker") in asked
     assert {p for p, _ in asked} == {"nodes", "gpus", "gpupools", "schedulingconfigtemplates", "pods",
-                                     "nodeclaims", "gpunodeclaims"}
+                                     "nodeclaims", "gpunodeclaims", "gpuresourcequotas"}
 
 
 def test_cli_parses_status(tmp_path: Any, capsys: pytest.CaptureFixture[str]):
@@ -152,3 +152,22 @@ def test_yaml_output_is_the_report(monkeypatch: pytest.MonkeyPatch):
     out = io.StringIO()
     assert status_cmd.main_status(cli.build_parser().parse_args(["status", "-o", "yaml"]), out) == 0
     assert yaml.safe_load(out.getvalue()) == build_report(status_snapshot())
+
+
+def test_quotas_used_and_total_per_namespace():
+    from dataclasses import replace
+
+    quotas = [{"metadata": {"name": "q", "namespace": "ml"},
+               "spec": {"total": {"requests": {"tflops": "200", "vram": "100Gi"}, "maxWorkers": 10}}},
+              {"metadata": {"name": "empty", "namespace": "idle"}, "spec": {}}]
+    report = build_report(replace(status_snapshot(), quotas=quotas))
+    (idle, ml) = report["quotas"]
+    assert ml == {"namespace": "ml", "quotas": ["q"],
+                  "requests": {"tflops": {"used": "130", "total": "200"},
+                               "vram": {"used": "8Gi", "total": "100Gi"}},
+                  "limits": {"tflops": {"used": "130", "total": "-"}, "vram": {"used": "8Gi", "total": "-"}},
+                  "workers": {"used": 2, "total": 10}}
+    assert idle["workers"] == {"used": 0, "total": 32768}
+    text = render_table(report)
+    assert ("  ml: requests 130/200 TFLOPS, 8Gi/100Gi VRAM; limits 130/- TFLOPS, 8Gi/- VRAM; "
+            "workers 2/10") in text

@@ -295,6 +295,7 @@ TENSOR_FUSION_KINDS = {
     "gpunodes": ("GPUNode", "Cluster"),
     "gpunodeclasses": ("GPUNodeClass", "Cluster"),
     "tensorfusionworkloads": ("TensorFusionWorkload", "Namespaced"),
+    "gpuresourcequotas": ("GPUResourceQuota", "Namespaced"),
 }
 SHIPPED_PLURALS = sorted(
     p for p in TENSOR_FUSION_KINDS if (MANIFESTS / "crds" / f"tensor-fusion.ai_{p}.yaml").exists()

@@ -25,6 +25,7 @@ from extender.controllers.capacity.launcher import LauncherMetrics
 from extender.controllers.defrag.metrics import DefragMetrics
 from extender.controllers.expansion.metrics import ExpansionMetrics
 from extender.controllers.gpustatus import StatusMetrics
+from extender.controllers.quota.controller import QuotaMetrics
 from extender.controllers.runner import ControllerMetrics
 from extender.server.metrics import Metrics
 from extender.server.stranded import StrandedCollector, count_stranded
@@ -38,7 +39,7 @@ REQUIRED_ALERTS = {
     "TensorFusionIdleGPU", "TensorFusionEmptyGPUNode", "TensorFusionPoolNearlyFull",
     "TensorFusionBindFailures",
     "TensorFusionExtenderDown", "TensorFusionWebhookDown", "TensorFusionWebhookCertificateExpiring",
-    "TensorFusionAllocatedGPUIdle", "TensorFusionWorkloadNearLimit",
+    "TensorFusionAllocatedGPUIdle", "TensorFusionWorkloadNearLimit", "TensorFusionGPUQuotaNearlyFull",
 }
 
 
@@ -65,6 +66,7 @@ def exported_names() -> set[str]:
     LauncherMetrics(metrics.registry)
     DefragMetrics(metrics.registry)
     ControllerMetrics(metrics.registry)
+    QuotaMetrics(metrics.registry)
     webhook = WebhookMetrics(registry)
     webhook.track_certificate(Path("/nonexistent/tls.crt"))
     names: set[str] = set()

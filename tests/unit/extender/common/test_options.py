@@ -38,7 +38,7 @@ def test_every_time_option_takes_a_go_duration() -> None:
         "--expansion-claim-timeout", "--capacity-interval", "--node-protection-time", "--autoscale-interval",
         "--node-join-timeout", "--orphan-grace", "--capacity-error-backoff",
         "--tensorfusion-cluster-interval", "--autoscale-prometheus-step",
-        "--gpu-node-interval"}
+        "--gpu-node-interval", "--gpu-quota-status-interval"}
     args = cli.build_parser().parse_args([
         "serve", "--bind-deadline", "30s", "--expansion-claim-timeout", "15m",
         "--gpu-status-interval", "500ms", "--node-protection-time", "1h30m"])
@@ -76,7 +76,7 @@ def test_format_duration_reads_back(seconds: float) -> None:
 def test_every_serve_option_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     parser = cli.build_parser()
     names = {options.env_name(cli.ENV_PREFIX, a.option_strings[0]) for a in _serve_actions(parser)}
-    assert len(names) == len(_serve_actions(parser)) == 55
+    assert len(names) == len(_serve_actions(parser)) == 57
     assert "TF_EXTENDER_BIND_DEADLINE" in names and "TF_EXTENDER_NO_PREEMPTOR" not in names
     monkeypatch.setenv("TF_EXTENDER_BIND_DEADLINE", "20s")
     monkeypatch.setenv("TF_EXTENDER_PREEMPTOR", "false")

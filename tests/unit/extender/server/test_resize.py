@@ -78,3 +78,30 @@ def test_a_scale_down_frees_the_room_only_after_the_patch() -> None:
     assert g1_used(state) == 6 and state.gpu_usage()["g1"][1] == 2 * GIB
 
 
+
+
+def test_a_scale_up_grows_within_the_namespace_quota_by_its_delta() -> None:
+    """The quota leaves 15 TFLOPS in namespace ml: a scale-up of 10 -> 60 ends at 25, and says why."""
+    from extender.controllers.quota.rule import QuotaRule
+    from extender.quota.book import QuotaBook
+
+    a = bound_worker("a", "ua", "10")
+    state = state_with(a, bound_worker("b", "ub", "15"))
+    quotas = [{"metadata": {"name": "q", "namespace": "ml"},
+               "spec": {"total": {"requests": {"tflops": "40", "vram": "1Ti"}}}}]
+
+    class Cache:
+        synced = asyncio.Event()
+
+    Cache.synced.set()
+    state.quota_gate = QuotaRule(QuotaBook(state, lambda: quotas), Cache())
+    events = Events()
+    resizer = Resizer(state, FakeApi(Pods(a)), events, quota=lambda: state.quota_gate)
+    result = asyncio.run(resizer.resize(a, Target(Fraction(60))))
+    assert result.outcome.value == "clamped" and result.tflops == 25
+    assert result.quota.startswith("TFLOPS clamped by the GPU quota of namespace ml")
+    assert events.recorded[-1][1] == "ResizeLimited" and "GPU quota" in events.recorded[-1][2]
+    again = asyncio.run(resizer.resize(a, Target(Fraction(60))))  # the quota is full now
+    assert again.outcome.value == "refused" and again.tflops == 25
+    shrink = asyncio.run(resizer.resize(a, Target(Fraction(5))))  # scaling down always goes
+    assert shrink.outcome.value == "resized" and shrink.tflops == 5
