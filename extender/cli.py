@@ -9,7 +9,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from extender.common import eventloop
+from extender.common.cli import EXIT_FAILED, EXIT_USAGE, OneLineParser, describe, fail
 from extender.common.options import (
     add_config_argument,
     duration,
@@ -18,9 +18,9 @@ from extender.common.options import (
     take_deprecations,
 )
 from extender.common.version import version_line
-from extender.controllers import leadership, registry
-from extender.scheduling.state import InventorySource
 
+# The controllers, the scheduling core, numpy and aiohttp are imported where a command needs them, never
+# at start: ``tf-extender --version`` and shell completion stay fast (docs/cli.md).
 if TYPE_CHECKING:
     from extender.service import ExtenderService, Settings
 
@@ -33,6 +33,9 @@ ENV_PREFIX = "TF_EXTENDER"
 
 def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     """The process's own flags (API access, the HTTP face, the scheduling core), then every controller's."""
+    from extender.controllers import leadership, registry
+    from extender.scheduling.state import InventorySource
+
     serve.add_argument("--port", type=int, default=8080,
                        help="port of the verbs, /healthz, /readyz and /metrics")
     serve.add_argument("--bind-address", default="127.0.0.1",
@@ -62,7 +65,8 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                             "kube-scheduler skips prioritize (one extender call per pod instead of two); "
                             "--no-filter-first-choice answers every fitting node and lets the scheduler's "
                             "scoring weigh them (default on)")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                       help="the least severe log lines written (default info)")
     leadership.add_arguments(serve)
     for package in registry.CONTROLLERS:  # each controller package declares its own options
         package.add_arguments(serve)
@@ -70,9 +74,10 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tf-extender", description=__doc__)
+    parser = OneLineParser(prog="tf-extender", description="Run the scheduler extender, or look at and plan "
+                                                           "GPU pools offline.")
     parser.add_argument("--version", action="version", version=version_line("tf-extender"))
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     add_serve_arguments(commands.add_parser("serve", help="run the kube-scheduler HTTP extender"))
 
@@ -107,13 +112,28 @@ def serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv == ["--version"]:  # before the parser, which imports every controller for its flags
+        print(version_line("tf-extender"))
+        return 0
     parser = build_parser()
     args = parse_with_sources(parser, serve_parser(parser) if argv[:1] == ["serve"] else None, argv,
                               ENV_PREFIX)
+    if args.command == "serve":
+        return serve(args)
+    try:
+        return _run_command(args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `tf-extender plan ... | head`
+        return 0
+    except Exception as exc:  # one line, never a traceback
+        return fail(f"tf-extender {args.command}", describe(exc))
+
+
+def _run_command(args: argparse.Namespace) -> int:
     if args.command == "simulate":
         if getattr(args, "simulate_missing", False):
-            print("tf-extender: the simulator is not installed", file=sys.stderr)
-            return 2
+            return fail("tf-extender simulate", "the simulator is not installed", EXIT_USAGE)
         from extender.simulate_cmd import main_simulate
 
         return int(main_simulate(args))
@@ -125,15 +145,14 @@ def main(argv: list[str] | None = None) -> int:
         from extender.plan_cmd import main_plan
 
         return main_plan(args)
-    if args.command == "crds":
-        from extender.crds_cmd import main_crds
+    from extender.crds_cmd import main_crds
 
-        return main_crds(args)
-    return serve(args)
+    return main_crds(args)
 
 
 def serve(args: argparse.Namespace) -> int:
     from certs.authority import CertificateError
+    from extender.common import eventloop
     from extender.common.logs import setup_logging
     from extender.kube.client import KubeConfigError, load_api_client
     from extender.service import ExtenderService
@@ -144,20 +163,20 @@ def serve(args: argparse.Namespace) -> int:
     try:
         api_client = load_api_client(args.kubeconfig)
     except KubeConfigError as exc:
-        print(f"tf-extender: {exc}", file=sys.stderr)
-        return 2
+        return fail("tf-extender serve", str(exc), EXIT_USAGE)
     settings = settings_from_args(args)
     try:
         eventloop.run(_run(ExtenderService(api_client, settings)))
     except (OSError, CertificateError) as exc:  # port in use, unreadable certificates ...
         log.error("cannot serve", extra={"error": str(exc)})
-        print(f"tf-extender: {exc}", file=sys.stderr)
-        return 1
+        return fail("tf-extender serve", describe(exc), EXIT_FAILED)
     return 0
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """``serve``'s flags as the service's settings, each controller's read by its own package."""
+    from extender.controllers import leadership, registry
+    from extender.scheduling.state import InventorySource
     from extender.service import Settings
 
     return Settings(

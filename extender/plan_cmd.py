@@ -19,6 +19,7 @@ from extender.autoscaling.usage import StaticUsageSource
 from extender.cloud.nodeclass import parse_node_class
 from extender.cloud.provider import LaunchRequest
 from extender.cloud.vendor import VendorConfig, read_vendor_file
+from extender.common.cli import EXIT_USAGE, describe, fail
 from extender.common.options import duration
 from extender.common.output import add_output_argument, json_lines, table, yaml_document
 from extender.common.progress import Progress
@@ -119,8 +120,7 @@ def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = Non
     if args.now:
         parsed = parse_time(args.now)
         if parsed is None:
-            print(f"{prog}: --now {args.now!r} is not an RFC 3339 time", file=sys.stderr)
-            return 2
+            return fail(prog, f"--now {args.now!r} is not an RFC 3339 time", EXIT_USAGE)
         now = parsed
     with Progress(prog) as progress:
         try:
@@ -130,8 +130,7 @@ def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = Non
                 with open(args.catalog, encoding="utf-8") as handle:
                     catalog = parse_catalog(handle.read())
         except (OSError, YAMLFileError, yaml.YAMLError, CapacityError) as exc:
-            print(f"{prog}: {exc}", file=sys.stderr)
-            return 2
+            return fail(prog, describe(exc), EXIT_USAGE)
         progress.begin("loading the snapshot")
         inputs = snapshot_inputs(objects, now=now, catalog=catalog, protection_seconds=args.protection_time)
         if planners is None:
@@ -143,8 +142,7 @@ def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = Non
                 fallback = VendorChoice(read_vendor_file(args.computing_vendor),
                                         f"--computing-vendor {args.computing_vendor}")
             except (OSError, yaml.YAMLError) as exc:
-                print(f"{prog}: {exc}", file=sys.stderr)
-                return 2
+                return fail(prog, f"--computing-vendor: {describe(exc)}", EXIT_USAGE)
         clusters = {object_name(o): o for o in objects if _kind(o) == "TensorFusionCluster"}
         pools = {object_name(o): o for o in objects if _kind(o) == "GPUPool"}
         classes = {object_name(o): o for o in objects if _kind(o) == "GPUNodeClass"}

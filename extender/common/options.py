@@ -107,7 +107,8 @@ def load_yaml_file(path: str | Path) -> Any:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise OptionSourceError(f"{path}: cannot read: {exc}") from None
+        reason = exc.strerror.lower() if isinstance(exc, OSError) and exc.strerror else exc
+        raise OptionSourceError(f"{path}: cannot read: {reason}") from None
     try:
         return yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
