@@ -78,15 +78,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     generate.add_argument("--out-dir", required=True, type=Path, metavar="DIR",
                           help="where ca.crt, tls.crt and tls.key (and client.crt, client.key) are written")
-    generate.add_argument("--dns", action="append", default=[], metavar="NAME", help="DNS name (repeatable)")
+    generate.add_argument("--dns", action="append", default=[], metavar="NAME", type=_dns,
+                          help="DNS name (repeatable)")
     generate.add_argument("--ip", action="append", default=[], metavar="IP", type=_ip,
                           help="IP address (repeatable)")
     generate.add_argument(
-        "--days", type=int, default=authority.DEFAULT_LEAF_DAYS, metavar="N", help="leaf validity (365)"
+        "--days", type=_days, default=authority.DEFAULT_LEAF_DAYS, metavar="N", help="leaf validity (365)"
     )
     generate.add_argument("--ca-dir", type=Path, metavar="DIR", help="where the CA lives (--out-dir)")
     generate.add_argument(
-        "--ca-days", type=int, default=authority.DEFAULT_CA_DAYS, metavar="N", help="validity of a new CA"
+        "--ca-days", type=_days, default=authority.DEFAULT_CA_DAYS, metavar="N", help="validity of a new CA"
     )
     generate.add_argument("--regenerate-ca", action=argparse.BooleanOptionalAction, default=False,
                           help="replace an existing CA")
@@ -124,9 +125,10 @@ def _add_ensure(commands: argparse._SubParsersAction[_Parser]) -> None:
     ensure.add_argument("--namespace", required=True, metavar="NS")
     ensure.add_argument("--secret", required=True, metavar="NAME", help="the kubernetes.io/tls Secret")
     ensure.add_argument("--ca-secret", metavar="NAME", help="the CA's Secret (default: <secret>-ca)")
-    ensure.add_argument("--dns", action="append", required=True, metavar="NAME", help="DNS name (repeatable)")
+    ensure.add_argument("--dns", action="append", required=True, type=_dns, metavar="NAME",
+                        help="DNS name (repeatable)")
     ensure.add_argument("--webhook", metavar="CONFIG", help="MutatingWebhookConfiguration to set caBundle on")
-    ensure.add_argument("--days", type=int, default=authority.DEFAULT_LEAF_DAYS, help="serving validity")
+    ensure.add_argument("--days", type=_days, default=authority.DEFAULT_LEAF_DAYS, help="serving validity")
     ensure.add_argument("--renew-before-days", type=int, default=30,
                         help="reissue what expires within this many days (default 30)")
     _add_cluster_arguments(ensure)
@@ -137,6 +139,24 @@ def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
                         help="kubeconfig file (default: in-cluster service account, else ~/.kube/config)")
     parser.add_argument("--context", default=None,
                         help="the kubeconfig context to use (default: its current context)")
+
+
+def _dns(text: str) -> str:
+    try:
+        return authority.check_dns_name(text)
+    except CertificateError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid DNS name") from exc
+
+
+def _days(text: str) -> int:
+    """A number of days, at least 1; ``90d`` is read as 90 too."""
+    try:
+        days = int(text.removesuffix("d"))
+        authority.check_days(days)
+    except (ValueError, CertificateError) as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days of at least 1 (such as 365 or "
+                                         "365d)") from exc
+    return days
 
 
 def _ip(text: str) -> str:

@@ -1,5 +1,5 @@
-"""``kubectl-tf``: the kubectl plugin (``kubectl tf status``, ``snapshot``, ``plan``, ``simulate``, ``mutate``,
-``completion``, ``version``).
+"""``kubectl-tf``: the kubectl plugin (``kubectl tf status``, ``snapshot``, ``plan``, ``simulate``,
+``mutate``, ``completion``, ``version``).
 
 kubectl runs any executable named ``kubectl-NAME`` on PATH for ``kubectl NAME``, and asks
 ``kubectl_complete-NAME`` for Tab completions. The subcommands are the project's own (``tf-extender status``,
@@ -126,6 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def complete_main(argv: Sequence[str] | None = None) -> int:
     """``kubectl_complete-tf``: kubectl's completion protocol for the plugin (the words after ``tf``)."""
     words = sys.argv[1:] if argv is None else list(argv)
+    if words == ["--help"]:  # a person, not kubectl (which always passes the word being typed, maybe "")
+        print("usage: kubectl_complete-tf [WORD ...]\n\nkubectl's completion of kubectl tf: the words after "
+              "`kubectl tf`, the last one being typed; prints the candidates, then cobra's directive.")
+        return 0
     sys.stdout.write(complete_words("kubectl-tf", words))
     return 0
 

@@ -204,7 +204,7 @@ def test_karpenter_mode_releases_by_deleting_its_nodeclaim() -> None:
     ("args", "message"),
     [
         (["--now", "yesterday"], "not an RFC 3339 time"),
-        (["--catalog", "/nonexistent/catalog.yaml"], "No such file"),
+        (["--catalog", "/nonexistent/catalog.yaml"], "/nonexistent/catalog.yaml: no such file"),
     ],
 )
 def test_bad_arguments_exit_2(

@@ -83,9 +83,10 @@ def test_pod_without_opt_in_is_printed_unchanged(tmp_path: Path, capsys: pytest.
 
 @pytest.mark.parametrize(
     ("pod_text", "needle"),
-    [("kind: Deployment\n", "expected exactly one object of kind Pod"),
+    [("kind: Deployment\n", "Deployment has no spec.template"),
+     ("kind: Service\n", "kind 'Service' has no pods"),
      ("kind: [", "not valid YAML"),
-     ("kind: Pod\n---\nkind: Pod\n", "expected exactly one object of kind Pod")],
+     ("kind: Pod\n---\nkind: Pod\n", "expected exactly one object (a Pod or a workload), found 2")],
 )
 def test_bad_input_files_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], pod_text: str,
                                 needle: str) -> None:
@@ -109,5 +110,5 @@ def test_serve_requires_a_cert_dir(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_serve_with_unusable_certificates_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("webhook.cli.setup_logging", lambda level: None)
+    monkeypatch.setattr("extender.common.logs.setup_logging", lambda level: None)
     assert main(["serve", "--cert-dir", str(tmp_path), "--port", "0", "--log-level", "error"]) == 1
