@@ -166,9 +166,14 @@ def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = Non
     return 2 if found is None else 0
 
 
+# launch rows fill the cost columns, release rows the node: one table for both
+PLAN_COLUMNS = ("action", "pool", "node", "instanceType", "capacityType", "count", "hourlyPrice", "reason")
+PLAN_HEADERS = {"instanceType": "INSTANCE TYPE", "capacityType": "CAPACITY", "hourlyPrice": "$/HOUR"}
+
+
 def _write(output: str, rows: list[dict[str, Any]], entries: list[dict[str, Any]]) -> None:
     if output == "table":
-        sys.stdout.write(table(rows, ("action", "pool", "node", "reason")))
+        sys.stdout.write(table(rows, PLAN_COLUMNS, PLAN_HEADERS))
         if entries:
             sys.stdout.write("\n" + table(entries, ("action", "namespace", "workload", "workers", "samples")))
     elif output == "yaml":

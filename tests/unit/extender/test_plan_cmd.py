@@ -253,5 +253,8 @@ def test_plan_prints_a_table_or_yaml_on_request(tmp_path: Path, capsys: pytest.C
                                                                       ("launch", "small.x1")]
     else:
         lines = out.splitlines()
-        assert lines[0].split() == ["ACTION", "POOL", "NODE", "REASON"]
-        assert [line.split()[:3] for line in lines[1:]] == [["launch", "kp", "-"], ["launch", "kp", "-"]]
+        assert lines[0].split() == ["ACTION", "POOL", "NODE", "INSTANCE", "TYPE", "CAPACITY", "COUNT",
+                                    "$/HOUR", "REASON"]
+        rows = [line.split()[:7] for line in lines[1:]]
+        assert [r[:4] for r in rows] == [["launch", "kp", "-", "big.x4"], ["launch", "kp", "-", "small.x1"]]
+        assert all(r[5].isdigit() and float(r[6]) > 0 for r in rows), rows  # the count and the hourly price
