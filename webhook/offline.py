@@ -63,12 +63,17 @@ def pod_of(obj: KubeObject, source: str) -> KubeObject:
 def every_denial(pod: KubeObject, run: Callable[[KubeObject], MutationResult],
                  ) -> tuple[MutationResult, list[Denial]]:
     """Run ``run`` on ``pod``; while it is denied for a key the pod sets, set that key aside and run
-    again. The first result, and every denial in the order found."""
+    again. The first result, and every denial in the order found. A denial of a key already set aside is
+    the setting aside's doing (no request left once the only one went), never reported."""
     first = run(pod)
     denials: list[Denial] = []
+    aside: set[str] = set()
     result, current = first, pod
     while result.denial is not None and len(denials) < MAX_DENIALS:
+        if result.denial.reason in aside:
+            break
         denials.append(result.denial)
+        aside.add(result.denial.reason)
         smaller = _without(current, result.denial.reason)
         if smaller is None:
             break
