@@ -15,7 +15,8 @@ from kubectl_tf.cli import main as plugin_main
 from webhook.cli import main as webhook_main
 
 MAINS: dict[str, Callable[[list[str]], int]] = {
-    "tf-extender": extender_main, "tf-webhook": webhook_main, "tf-certs": certs_main, "kubectl-tf": plugin_main,
+    "tf-extender": extender_main, "tf-webhook": webhook_main, "tf-certs": certs_main,
+    "kubectl-tf": plugin_main,
 }
 
 
@@ -37,7 +38,8 @@ CASES = [
     ("tf-extender", ["bogus"], 2, "invalid choice: 'bogus'"),
     ("tf-extender", ["serve", "--config", "{tmp}/none.yaml"], 2, "none.yaml: cannot read: no such file"),
     ("tf-extender", ["serve", "--port", "eighty"], 2, "argument --port: invalid int value: 'eighty'"),
-    ("tf-extender", ["crds", "apply", "--timeout", "soon"], 2, "argument --timeout: 'soon' is not a duration"),
+    ("tf-extender", ["crds", "apply", "--timeout", "soon"], 2,
+     "argument --timeout: 'soon' is not a duration"),
     ("tf-extender", ["status", "--watch-interval", "0s"], 2, "--watch-interval"),
     ("tf-extender", ["plan", "--cluster", "{tmp}/bad.yaml", "--now", "yesterday"], 2, "--now 'yesterday'"),
     ("tf-webhook", ["serve"], 2, "the following arguments are required: --cert-dir"),
@@ -57,11 +59,12 @@ CASES = [
      "{tmp}/none.crt: no such file or directory"),
     ("kubectl-tf", ["mutate", "--pod", "{tmp}/bad.yaml"], 2, "{tmp}/bad.yaml:4:"),
     # the cluster: the kubeconfig, the context, the API server
-    ("tf-extender", ["status", "--kubeconfig", "{tmp}/unreachable", "--context", "prod"], 2, "context 'prod'"),
+    ("tf-extender", ["status", "--kubeconfig", "{tmp}/unreachable", "--context", "prod"], 2,
+     "context 'prod'"),
     ("tf-extender", ["status", "--kubeconfig", "{tmp}/unreachable"], 1, UNREACHABLE),
     ("tf-extender", ["crds", "check", "--kubeconfig", "{tmp}/unreachable"], 1, UNREACHABLE),
-    ("tf-extender", ["crds", "apply", "--kubeconfig", "{tmp}/unreachable", "--context", "c", "--timeout", "1m"],
-     1, UNREACHABLE),
+    ("tf-extender", ["crds", "apply", "--kubeconfig", "{tmp}/unreachable", "--context", "c",
+                     "--timeout", "1m"], 1, UNREACHABLE),
     ("kubectl-tf", ["snapshot", "--kubeconfig", "{tmp}/unreachable"], 1, UNREACHABLE),
     ("tf-certs", ["secret", "--namespace", "n", "--name", "s", "--cert-dir", "{tmp}", "--context", "nope",
                   "--kubeconfig", "{tmp}/unreachable"], 1, "missing"),
