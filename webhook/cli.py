@@ -93,11 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(version_line("tf-webhook"))
         return 0
     parser = build_parser()
-    try:
-        args = parse_with_sources(parser, serve_parser(parser) if argv[:1] == ["serve"] else None, argv,
-                                  ENV_PREFIX)
-    except SystemExit as exc:  # --help, and usage errors (printed as one line): callers want a code
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    args = parse_with_sources(parser, serve_parser(parser) if argv[:1] == ["serve"] else None, argv,
+                              ENV_PREFIX)
     if args.command == "mutate":
         return run_mutate(args)
     from extender.common import eventloop
