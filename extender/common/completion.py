@@ -52,6 +52,7 @@ def complete(parser: argparse.ArgumentParser, words: Sequence[str]) -> Completio
     words = list(words) or [""]
     *done, current = words
     expecting: argparse.Action | None = None
+    positionals = 0  # free words given to the current parser
     for word in done:
         if expecting is not None:
             expecting = None
@@ -63,7 +64,9 @@ def complete(parser: argparse.ArgumentParser, words: Sequence[str]) -> Completio
             continue
         commands = _subcommands(parser)
         if commands is not None and word in commands.choices:
-            parser = commands.choices[word]
+            parser, positionals = commands.choices[word], 0
+        else:
+            positionals += 1
     if expecting is not None:
         if expecting.choices is not None:
             return Completion(sorted(str(c) for c in expecting.choices if str(c).startswith(current)), False)
@@ -74,6 +77,10 @@ def complete(parser: argparse.ArgumentParser, words: Sequence[str]) -> Completio
     commands = _subcommands(parser)
     if commands is not None:
         return Completion(sorted(c for c in commands.choices if c.startswith(current)), False)
+    free = [a for a in parser._actions if not a.option_strings]
+    if positionals < len(free) and free[positionals].choices is not None:
+        choices = [str(c) for c in free[positionals].choices]
+        return Completion(sorted(c for c in choices if c.startswith(current)), False)
     return Completion([], True)
 
 
