@@ -78,8 +78,9 @@ def complete(parser: argparse.ArgumentParser, words: Sequence[str]) -> Completio
     if commands is not None:
         return Completion(sorted(c for c in commands.choices if c.startswith(current)), False)
     free = [a for a in parser._actions if not a.option_strings]
-    if positionals < len(free) and free[positionals].choices is not None:
-        choices = [str(c) for c in free[positionals].choices]
+    options = free[positionals].choices if positionals < len(free) else None
+    if options is not None:
+        choices = [str(c) for c in options]
         return Completion(sorted(c for c in choices if c.startswith(current)), False)
     return Completion([], True)
 
