@@ -121,7 +121,8 @@ def test_kubectl_tf_snapshot_feeds_simulate_plan_and_mutate(
     pods = tmp_path / "pods.yaml"
     pods.write_text(yaml.safe_dump_all([cpl.gpu_pod_body(name, pool=pool, tflops=t, vram="10Gi")
                                         for name, t in (("fits", "40"), ("too-big", "41"))]))
-    sim = _plugin(kubeconfig, "simulate", "--cluster", str(snapshot), "--pods", str(pods), "--fail-on-unplaced")
+    sim = _plugin(kubeconfig, "simulate", "--cluster", str(snapshot), "--pods", str(pods),
+                  "--fail-on-unplaced")
     assert sim.returncode == 3, sim  # the 60 TFLOPS already placed leave room for 40, not 41 more
     placed = [json.loads(line) for line in sim.stdout.splitlines()]
     assert [(p["pod"].split("/")[-1], p["node"]) for p in placed] == [("fits", node), ("too-big", None)]
