@@ -4,6 +4,7 @@ passes; the pool's condition says which."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -73,3 +74,32 @@ async def test_bad_credentials_stop_the_vendor_until_a_connection_test_passes(
     await world.capacity.launch.reconcile(NOW)  # no retest yet: nothing launched
     assert not _posted(world)
     assert world.conditions()[-1]["reason"] == "ConnectionFailed"
+
+
+async def test_every_offering_in_back_off_is_said_once_with_the_clouds_error_and_the_next_try(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both zones refused: the pool's requirements match, so no NoEligibleInstanceType blaming them, but one
+    CapacityBackoff naming each offering with the cloud's words and the next try; later passes in the same
+    back-off add no event; the condition CapacityAvailable says it until an offering can be tried again."""
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(TWO_ZONES)
+    world = Provisioned(tmp_path, monkeypatch, str(catalog))
+    world.provider.fail = [CapacityUnavailable("InsufficientInstanceCapacity", "none left in z1"),
+                           CapacityUnavailable("InsufficientInstanceCapacity", "none left in z2")]
+    await world.capacity.launch.reconcile(NOW)
+    for _ in range(5):  # a pass every few seconds, in the same back-off
+        await world.capacity.launch.reconcile(NOW)
+    events = world.events()
+    assert "NoEligibleInstanceType" not in events
+    assert events.count("CapacityBackoff") == 1, events
+    (message,) = [e[2] for e in world.port.events if e[1] == "CapacityBackoff"]
+    assert "small.x1 (on-demand in z1)" in message and "none left in z1" in message
+    assert "small.x1 (on-demand in z2)" in message and "none left in z2" in message
+    assert re.search(r"; next try at \d{4}-\d\d-\d\dT\S+Z \(in (5m|4m\d+s)\)$", message), message
+    condition = world.conditions("CapacityAvailable")[-1]
+    assert (condition["status"], condition["reason"]) == ("False", "CapacityBackoff")
+    assert condition["message"] == message
+
+    world.capacity.cloud.unavailable.clear()  # the back-off is over: the pool may launch again
+    await world.capacity.launch.reconcile(NOW)
+    assert world.conditions("CapacityAvailable")[-1]["status"] == "True"

@@ -1,0 +1,59 @@
+"""What a Provisioned pool says when the cloud is out of every offering its gpuRequirements allow.
+
+Each capacity error puts its offering aside for ``--capacity-backoff`` (``launch.create_instance``). When all
+of a pool's offerings are aside the planner skips it with ``CapacityBackoff`` (its requirements do match);
+this module turns that into one Warning event per change of the set of offerings and their errors (not one
+per pass: a pass runs every few seconds), with the cloud's error for each and when the next try is, and
+into the pool's ``CapacityAvailable`` condition, True again once an offering can be tried.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from extender.common.conditions import timestamp
+from extender.common.timefmt import format_duration
+from extender.controllers.capacity.launch_plan import offering_text
+
+CONDITION = "CapacityAvailable"
+EVENT = "CapacityBackoff"
+Offering = tuple[str, str, str]  # (instance type, capacity type, zone)
+
+
+def backoff_message(offerings: Sequence[Offering], errors: Mapping[Offering, str],
+                    until: Mapping[Offering, float], monotonic_now: float, now: dt.datetime) -> str:
+    """Every offering with the cloud's error, then the next try (the earliest end of a back-off)."""
+    parts = [f"{offering_text(o)}: {errors.get(o) or 'no capacity'}" for o in offerings]
+    ends = [until[o] for o in offerings if o in until]
+    wait = max(min(ends) - monotonic_now, 0.0) if ends else 0.0
+    at = timestamp(now + dt.timedelta(seconds=wait))
+    return (f"the cloud is out of every offering the pool's gpuRequirements allow: {'; '.join(parts)}; "
+            f"next try at {at} (in {format_duration(round(wait))})")
+
+
+class BackoffReport:
+    """Says once per change that a pool's offerings are all in back-off, and when that ends."""
+
+    def __init__(self) -> None:
+        self._said: dict[str, tuple[tuple[Offering, str], ...]] = {}
+
+    def due(self, pool: str, offerings: Sequence[Offering], errors: Mapping[Offering, str]) -> bool:
+        """Whether this set of offerings and errors is news for ``pool`` (then it is remembered)."""
+        key = tuple(sorted((o, errors.get(o, "")) for o in offerings))
+        if self._said.get(pool) == key:
+            return False
+        self._said[pool] = key
+        return True
+
+    def clear(self, pool: str) -> None:
+        """The pool can try an offering again: a later back-off is news."""
+        self._said.pop(pool, None)
+
+    @staticmethod
+    def condition(message: str | None) -> dict[str, Any]:
+        if message is None:
+            return {"type": CONDITION, "status": "True", "reason": "OfferingsAvailable",
+                    "message": "at least one offering the pool's gpuRequirements allow can be launched"}
+        return {"type": CONDITION, "status": "False", "reason": EVENT, "message": message}
