@@ -122,7 +122,7 @@ def _add_ensure(commands: argparse._SubParsersAction[_Parser]) -> None:
         description="Reuse the CA Secret and the serving Secret while they are valid for the DNS names; "
                     "create or reissue what is missing, foreign or near expiry; set the caBundle of "
                     "--webhook when it exists. Run by the Helm chart's hook Jobs.")
-    ensure.add_argument("--namespace", required=True, metavar="NS")
+    ensure.add_argument("--namespace", required=True, metavar="NS", help="namespace of both Secrets")
     ensure.add_argument("--secret", required=True, metavar="NAME", help="the kubernetes.io/tls Secret")
     ensure.add_argument("--ca-secret", metavar="NAME", help="the CA's Secret (default: <secret>-ca)")
     ensure.add_argument("--dns", action="append", required=True, type=_dns, metavar="NAME",
