@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
 import sys
 from typing import TYPE_CHECKING
 
@@ -190,6 +188,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 async def _run(service: ExtenderService) -> None:
+    import asyncio
+    import signal
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
