@@ -192,25 +192,25 @@ def _plan_autoscale(args: argparse.Namespace, state: ClusterState, objects: Sequ
     from extender.controllers.autoscale.prometheus import UsageUnavailable
     from extender.controllers.autoscale.samples import load_samples
 
+    prog = getattr(args, "prog", "tf-extender plan")
     try:
         zone = ZoneInfo(args.cron_time_zone)
     except (ZoneInfoNotFoundError, ValueError):
-        print(f"tf-extender plan: --cron-time-zone {args.cron_time_zone!r} is not an IANA time zone",
-              file=sys.stderr)
+        fail(prog, f"--cron-time-zone {args.cron_time_zone!r} is not an IANA time zone")
         return None
     if getattr(args, "prometheus", None):
         if args.samples:
-            print("tf-extender plan: --samples and --prometheus: give one usage source", file=sys.stderr)
+            fail(prog, "--samples and --prometheus: give one usage source")
             return None
         try:
             samples = _read_prometheus(args, objects, now)
         except (ValueError, UsageUnavailable) as exc:
-            print(f"tf-extender plan: --prometheus: {exc}", file=sys.stderr)
+            fail(prog, f"--prometheus {args.prometheus}: {exc}")
             return None
     else:
         samples, problems = load_samples(args.samples) if args.samples else (StaticUsageSource(), [])
         for problem in problems[:10]:
-            print(f"tf-extender plan: --samples: {problem}", file=sys.stderr)
+            fail(prog, f"--samples {args.samples}: {problem}")
         if problems and not samples.samples:
             return None
     return plan_autoscale(state, objects, samples, now, zone)
