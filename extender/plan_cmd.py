@@ -205,12 +205,12 @@ def _plan_autoscale(args: argparse.Namespace, state: ClusterState, objects: Sequ
         try:
             samples = _read_prometheus(args, objects, now)
         except (ValueError, UsageUnavailable) as exc:
-            fail(prog, f"--prometheus {args.prometheus}: {exc}")
+            fail(prog, f"--prometheus: {exc}")
             return None
     else:
         samples, problems = load_samples(args.samples) if args.samples else (StaticUsageSource(), [])
         for problem in problems[:10]:
-            fail(prog, f"--samples {args.samples}: {problem}")
+            fail(prog, f"--samples: {problem}")
         if problems and not samples.samples:
             return None
     return plan_autoscale(state, objects, samples, now, zone)
