@@ -4,7 +4,8 @@ Each capacity error puts its offering aside for ``--capacity-backoff`` (``launch
 of a pool's offerings are aside the planner skips it with ``CapacityBackoff`` (its requirements do match);
 this module turns that into one Warning event per change of the set of offerings and their errors (not one
 per pass: a pass runs every few seconds), with the cloud's error for each and when the next try is, and
-into the pool's ``CapacityAvailable`` condition, True again once an offering can be tried.
+into the pool's ``CapacityAvailable`` condition, True again once an offering can be tried. Beside it, the
+pool's ``provisioningPhase`` as TensorFusion writes it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from extender.common.conditions import timestamp
+from extender.common.contract import POOL_LABEL
 from extender.common.timefmt import format_duration
+from extender.controllers.capacity.gpunodeclaim import BOUND
 from extender.controllers.capacity.launch_plan import offering_text
 
 CONDITION = "CapacityAvailable"
@@ -31,6 +34,18 @@ def backoff_message(offerings: Sequence[Offering], errors: Mapping[Offering, str
     at = timestamp(now + dt.timedelta(seconds=wait))
     return (f"the cloud is out of every offering the pool's gpuRequirements allow: {'; '.join(parts)}; "
             f"next try at {at} (in {format_duration(round(wait))})")
+
+
+def provisioning_phase(pool: str, claims: Sequence[Mapping[str, Any]]) -> str | None:
+    """TensorFusion's ``status.provisioningPhase`` of a Provisioned pool: ``Provisioning`` while a
+    GPUNodeClaim of the pool is not Bound yet, ``Completed`` once all are; None (left as it is, the CRD's
+    default ``None``) before the pool ever had one."""
+    mine = [c for c in claims if ((c.get("metadata") or {}).get("labels") or {}).get(POOL_LABEL) == pool
+            and not (c.get("metadata") or {}).get("deletionTimestamp")]
+    if not mine:
+        return None
+    bound = all((c.get("status") or {}).get("phase") == BOUND for c in mine)
+    return "Completed" if bound else "Provisioning"
 
 
 class BackoffReport:

@@ -27,11 +27,15 @@ from extender.controllers.capacity.gpunodeclaim import (
 from extender.controllers.capacity.launch_plan import CAPACITY_BACKOFF, LaunchPayload, plan_launches
 from extender.controllers.capacity.port import write_condition
 from extender.controllers.capacity.provisioned.backoff import EVENT as BACKOFF_EVENT
-from extender.controllers.capacity.provisioned.backoff import BackoffReport, backoff_message
+from extender.controllers.capacity.provisioned.backoff import (
+    BackoffReport,
+    backoff_message,
+    provisioning_phase,
+)
 from extender.controllers.capacity.provisioned.cloud import Cloud, Picture
 from extender.controllers.capacity.vendors import VendorChoice, VendorKey, recorded_text
 from extender.kube.client import error_message
-from extender.kube.resources import GPU_NODE_CLAIMS, GPU_NODE_CLASSES
+from extender.kube.resources import GPU_NODE_CLAIMS, GPU_NODE_CLASSES, GPU_POOLS
 from extender.planning.action import Action
 from extender.planning.pool import PoolConfig
 from extender.scheduling.inventory import object_name
@@ -77,7 +81,21 @@ class Launch:
                 self.backoff.clear(config.name)
             await write_condition(cloud.port, cloud.view.pools.get(config.name) or {}, config.name,
                                   BackoffReport.condition(backoff))
+        for config in picture.configs:
+            await self._provisioning_phase(config.name, picture.claims)
         return actions
+
+    async def _provisioning_phase(self, name: str, claims: list[dict[str, Any]]) -> None:
+        phase = provisioning_phase(name, claims)
+        pool = self.cloud.view.pools.get(name) or {}
+        if phase is None or (pool.get("status") or {}).get("provisioningPhase") == phase:
+            return
+        try:
+            await self.cloud.port.patch(GPU_POOLS, name, {"status": {"provisioningPhase": phase}},
+                                        subresource="status")
+        except Exception as exc:
+            log.warning("pool provisioningPhase not written",
+                        extra={"pool": name, "error": error_message(exc)})
 
     def _report_backoff(self, pool: Mapping[str, Any], action: Action, now: dt.datetime) -> None:
         """All of a pool's offerings wait out a capacity back-off: a Warning event once per change."""

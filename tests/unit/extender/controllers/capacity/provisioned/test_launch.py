@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from extender.cloud.provider import AuthFailure, CapacityUnavailable, InvalidRequest
+from extender.controllers.capacity.provisioned.backoff import provisioning_phase
 from tests.unit.fixtures.capacity import NOW, Provisioned
 from tests.unit.fixtures.capacity import catalog_file as catalog_file  # the fixture
 
@@ -103,3 +104,35 @@ async def test_every_offering_in_back_off_is_said_once_with_the_clouds_error_and
     world.capacity.cloud.unavailable.clear()  # the back-off is over: the pool may launch again
     await world.capacity.launch.reconcile(NOW)
     assert world.conditions("CapacityAvailable")[-1]["status"] == "True"
+
+
+def _claim(pool: str, phase: str, deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": f"{pool}-{phase}", "labels": {"tensor-fusion.ai/gpupool": pool}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "status": {"phase": phase}}
+
+
+@pytest.mark.parametrize(("claims", "phase"), [
+    ([], None),  # never provisioned: the CRD's default None stays
+    ([_claim("pp", "Pending")], "Provisioning"),
+    ([_claim("pp", "Bound"), _claim("pp", "Creating")], "Provisioning"),
+    ([_claim("pp", "Bound"), _claim("pp", "Pending", deleting=True), _claim("other", "Pending")],
+     "Completed"),
+])
+def test_provisioning_phase_is_tensorfusions(claims: list[dict[str, Any]], phase: str | None) -> None:
+    assert provisioning_phase("pp", claims) == phase
+
+
+async def test_the_provisioning_phase_is_written_when_it_changes_only(
+        catalog_file: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    world = Provisioned(tmp_path, monkeypatch, catalog_file)
+    await world.capacity.launch._provisioning_phase("pp", [_claim("pp", "Creating")])
+    patches = [c for c in world.port.calls if c[0] == "PATCH" and c[1] == "gpupools"]
+    assert patches[-1][4] == {"status": {"provisioningPhase": "Provisioning"}}
+    pool = world.capacity.cloud.view.pools.get("pp")
+    assert pool is not None
+    pool.setdefault("status", {})["provisioningPhase"] = "Provisioning"  # as the watch brings it back
+    world.port.calls.clear()
+    await world.capacity.launch._provisioning_phase("pp", [_claim("pp", "Creating")])
+    assert world.port.calls == []
