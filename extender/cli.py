@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from extender.common.cli import EXIT_FAILED, EXIT_USAGE, OneLineParser, describe, fail
@@ -71,15 +72,21 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     add_config_argument(serve, ENV_PREFIX)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``only``, only that subcommand's flags are added (shell completion asks for the one
+    it completes: each command's flags import its modules)."""
     parser = OneLineParser(prog="tf-extender", description="Run the scheduler extender, or look at and plan "
                                                            "GPU pools offline.")
     parser.add_argument("--version", action="version", version=version_line("tf-extender"))
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, summary, add in _COMMANDS:
+        sub = commands.add_parser(name, help=summary)
+        if only is None or only == name:
+            add(sub)
+    return parser
 
-    add_serve_arguments(commands.add_parser("serve", help="run the kube-scheduler HTTP extender"))
 
-    simulate = commands.add_parser("simulate", help="place pods on a cluster snapshot, offline")
+def _add_simulate(simulate: argparse.ArgumentParser) -> None:
     try:
         from extender.simulate_cmd import add_simulate_arguments
     except ImportError:  # the simulator ships separately from the server
@@ -87,21 +94,33 @@ def build_parser() -> argparse.ArgumentParser:
     else:
         add_simulate_arguments(simulate)
 
-    status = commands.add_parser("status", help="one screen on the GPU pools, read from the API server")
+
+def _add_status(parser: argparse.ArgumentParser) -> None:
     from extender.status_cmd import add_status_arguments
 
-    add_status_arguments(status)
+    add_status_arguments(parser)
 
+
+def _add_plan(parser: argparse.ArgumentParser) -> None:
     from extender.plan_cmd import add_plan_arguments
 
-    add_plan_arguments(commands.add_parser(
-        "plan", help="print, as JSON lines, what the capacity controllers would do now on a snapshot"))
+    add_plan_arguments(parser)
 
+
+def _add_crds(parser: argparse.ArgumentParser) -> None:
     from extender.crds_cmd import add_crds_arguments
 
-    add_crds_arguments(commands.add_parser(
-        "crds", help="install the project's CRDs, refusing to replace TensorFusion's or any that has more"))
-    return parser
+    add_crds_arguments(parser)
+
+
+_COMMANDS: tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None]], ...] = (
+    ("serve", "run the kube-scheduler HTTP extender", add_serve_arguments),
+    ("simulate", "place pods on a cluster snapshot, offline", _add_simulate),
+    ("status", "one screen on the GPU pools, read from the API server", _add_status),
+    ("plan", "print, as JSON lines, what the capacity controllers would do now on a snapshot", _add_plan),
+    ("crds", "install the project's CRDs, refusing to replace TensorFusion's or any that has more",
+     _add_crds),
+)
 
 
 def serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

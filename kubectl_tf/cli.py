@@ -69,22 +69,34 @@ def _completion(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``only``, only that subcommand's flags are added (for completion: each command's
+    flags import its modules)."""
     parser = OneLineParser(prog=PROG,
                            description="GPU pools, placements and the webhook's view, as kubectl tf.")
     parser.add_argument("--version", action="version", version=version_line("kubectl-tf"))
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (summary, module, add_arguments, run) in COMMANDS.items():
         sub = commands.add_parser(name, help=summary, description=summary)
-        _function(module, add_arguments)(sub)
+        if only is None or only == name:
+            _function(module, add_arguments)(sub)
         sub.set_defaults(run=(module, run), prog=f"{PROG} {name}")
     return parser
 
 
-def parser_of(program: str) -> argparse.ArgumentParser:
-    """The parser of one of the four programs (for completion)."""
-    parser: argparse.ArgumentParser = _function(PROGRAMS[program], "build_parser")()
+def parser_of(program: str, words: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of one of the four programs; for completing ``words``, with the flags of the subcommand
+    they name only, where the program builds its subcommands' flags lazily."""
+    build = _function(PROGRAMS[program], "build_parser")
+    if program in LAZY_PARSERS and words is not None:
+        chosen = next((w for w in words[:-1] if not w.startswith("-")), "")
+        parser: argparse.ArgumentParser = build(only=chosen)
+        return parser
+    parser = build()
     return parser
+
+
+LAZY_PARSERS = ("tf-extender", "kubectl-tf")  # their build_parser(only=...) adds one subcommand's flags
 
 
 def complete_words(program: str, words: Sequence[str]) -> str:
@@ -93,7 +105,7 @@ def complete_words(program: str, words: Sequence[str]) -> str:
 
     if program not in PROGRAMS:
         return Completion([], False).cobra()
-    return complete(parser_of(program), words).cobra()
+    return complete(parser_of(program, words), words).cobra()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -31,8 +31,9 @@ ENV_PREFIX = "TF_WEBHOOK"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from extender.common.contract import DEFAULT_SCHEDULER_NAME
+    from webhook.deadline import DEFAULT_REQUEST_TIMEOUT
     from webhook.karpenter import Mode
-    from webhook.server import DEFAULT_REQUEST_TIMEOUT, DEFAULT_SCHEDULER_NAME
 
     parser = OneLineParser(prog="tf-webhook", description="Serve the admission webhook, or show what it does "
                                                           "to a pod or workload offline.")
@@ -71,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_mutate_arguments(offline: argparse.ArgumentParser) -> None:
     """``mutate``'s flags (``tf-webhook mutate`` and ``kubectl tf mutate``; both run ``run_mutate``)."""
-    from webhook.server import DEFAULT_SCHEDULER_NAME
+    from extender.common.contract import DEFAULT_SCHEDULER_NAME
 
     offline.add_argument("--pod", required=True, metavar="FILE",
                          help="a Pod, or a Deployment, StatefulSet, Job, ReplicaSet, DaemonSet or CronJob "

@@ -32,7 +32,8 @@ from kubectl_tf import cli
 ])
 def test_tab_offers_what_fits_after_the_words(program: str, words: list[str], candidates: list[str],
                                               files: bool) -> None:
-    found = complete(cli.parser_of(program), words)
+    found = complete(cli.parser_of(program, words), words)
+    assert found == complete(cli.parser_of(program), words)  # the lazy parser completes as the whole one
     assert (found.candidates, found.files) == (candidates, files)
 
 
