@@ -212,7 +212,7 @@ def _files(paths: Iterable[str | Path]) -> Iterator[Path]:
 
 def add_crds_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(
-        dest="crds_action", required=True,
+        dest="crds_action", required=True, metavar="check|apply",
         help="check: what apply would do to each CRD, exit 1 if any is refused; apply: create or update them "
              "(-f FILE|DIR, default manifests/crds; --kubeconfig; --timeout), only if none is refused")
     for name, text in (("check", "say, per CRD, whether apply would create, update or leave it, or refuse "

@@ -159,8 +159,9 @@ def _read_object(path: str) -> dict[str, Any]:
     except YAMLFileError as exc:
         raise ObjectsError(str(exc)) from exc
     if len(documents) != 1 or not isinstance(documents[0], dict):
-        raise ObjectsError(f"--pod {path}: expected exactly one object (a Pod or a workload), found "
-                           f"{len(documents)} documents")
+        found = f"{len(documents)} documents" if len(documents) != 1 else \
+            f"a {type(documents[0]).__name__} where a mapping with a kind belongs"
+        raise ObjectsError(f"--pod {path}: expected exactly one object (a Pod or a workload), found {found}")
     return documents[0]
 
 
