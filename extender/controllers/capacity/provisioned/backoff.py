@@ -11,7 +11,7 @@ pool's ``provisioningPhase`` as TensorFusion writes it.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from extender.common.conditions import timestamp
@@ -49,18 +49,24 @@ def provisioning_phase(pool: str, claims: Sequence[Mapping[str, Any]]) -> str | 
 
 
 class BackoffReport:
-    """Says once per change that a pool's offerings are all in back-off, and when that ends."""
+    """Says once per change that a pool's offerings are all in back-off, and when that ends. The message is
+    made when the news is, so the condition that carries it is written once too (a countdown in it would
+    rewrite the pool's status every pass)."""
 
     def __init__(self) -> None:
-        self._said: dict[str, tuple[tuple[Offering, str], ...]] = {}
+        self._said: dict[str, tuple[tuple[tuple[Offering, str], ...], str]] = {}
 
-    def due(self, pool: str, offerings: Sequence[Offering], errors: Mapping[Offering, str]) -> bool:
-        """Whether this set of offerings and errors is news for ``pool`` (then it is remembered)."""
+    def news(self, pool: str, offerings: Sequence[Offering], errors: Mapping[Offering, str],
+             make: Callable[[], str]) -> tuple[str, bool]:
+        """The message for ``pool`` (``make()`` when this set of offerings and errors is new, else the one
+        said before) and whether it is news."""
         key = tuple(sorted((o, errors.get(o, "")) for o in offerings))
-        if self._said.get(pool) == key:
-            return False
-        self._said[pool] = key
-        return True
+        said = self._said.get(pool)
+        if said is not None and said[0] == key:
+            return said[1], False
+        message = make()
+        self._said[pool] = (key, message)
+        return message, True
 
     def clear(self, pool: str) -> None:
         """The pool can try an offering again: a later back-off is news."""

@@ -101,9 +101,12 @@ class Launch:
         """All of a pool's offerings wait out a capacity back-off: a Warning event once per change."""
         cloud = self.cloud
         offerings = [(str(a), str(b), str(c)) for a, b, c in action.details.get("offerings") or []]
-        message = backoff_message(offerings, cloud.unavailable_why, cloud.unavailable, time.monotonic(), now)
+        def make() -> str:
+            return backoff_message(offerings, cloud.unavailable_why, cloud.unavailable, time.monotonic(), now)
+
+        message, news = self.backoff.news(action.pool, offerings, cloud.unavailable_why, make)
         self._backoff_messages[action.pool] = message
-        if self.backoff.due(action.pool, offerings, cloud.unavailable_why):
+        if news:
             cloud.port.record(pool, BACKOFF_EVENT, message, "Warning")
 
     def _node_class_problem(
