@@ -17,16 +17,20 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from extender.common.cli import one_line
 from extender.common.contract import COMPONENT_LABEL, COMPONENT_WORKER, GPU_POOL, POOL_LABEL, ContractError
 from extender.common.labels import EXPANSION_LABEL, EXPANSION_POD_ANNOTATION, NODEPOOL_LABEL
 from extender.common.output import add_output_argument, yaml_document
-from extender.controllers.gpustatus import PoolTotals, node_parts, tflops_text, vram_text
 from extender.kube import resources
 from extender.kube.resources import Resource
-from extender.scheduling.state import ClusterState, Kind, PlacementError, pod_key
+
+if TYPE_CHECKING:
+    from extender.scheduling.state import ClusterState
+
+# The ledger code (numpy) and the status writer are imported by the functions that use them: the flags,
+# and so shell completion and --help, stay light.
 
 NO_POOL = "-"
 DEFAULT_PROVISIONING = "AutoSelect"
@@ -88,6 +92,8 @@ def _claim_state(claim: Mapping[str, Any]) -> str:
 
 
 def report_state(snapshot: StatusSnapshot) -> ClusterState:
+    from extender.scheduling.state import ClusterState, Kind
+
     state = ClusterState()
     for kind, objects in ((Kind.TEMPLATE, snapshot.templates), (Kind.POOL, snapshot.pools),
                           (Kind.NODE, snapshot.nodes), (Kind.GPU, snapshot.gpus), (Kind.POD, snapshot.pods)):
@@ -97,6 +103,9 @@ def report_state(snapshot: StatusSnapshot) -> ClusterState:
 
 
 def build_report(snapshot: StatusSnapshot) -> dict[str, Any]:
+    from extender.controllers.gpustatus import PoolTotals, node_parts, tflops_text, vram_text
+    from extender.scheduling.state import PlacementError, pod_key
+
     state = report_state(snapshot)
     pool_specs = {str(_meta(p).get("name")): p for p in snapshot.pools}
     totals: dict[str, PoolTotals] = {name: PoolTotals() for name in pool_specs}
