@@ -35,7 +35,8 @@ RUN groupadd --system --gid 65532 tensorfusion \
 COPY --from=build /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 # Fail the build if any entry point is missing or broken.
-RUN tf-extender --version && tf-webhook --version && tf-certs --version && kubectl-tf --version
+RUN tf-extender --version && tf-webhook --version && tf-certs --version && kubectl-tf --version \
+    && kubectl_complete-tf --help
 USER 65532:65532
 EXPOSE 8080 9443
 CMD ["tf-extender", "serve"]

@@ -63,7 +63,7 @@ def generate_ca(
     common_name: str = DEFAULT_CA_NAME, *, days: int = DEFAULT_CA_DAYS, now: dt.datetime | None = None
 ) -> Authority:
     """A new self-signed CA that may sign leaf certificates only (path length 0)."""
-    _check_days(days)
+    check_days(days)
     if not common_name or len(common_name) > _MAX_CN_LENGTH:
         raise CertificateError(f"CA common name must be 1..{_MAX_CN_LENGTH} characters, got {common_name!r}")
     start = _now(now) - CLOCK_SKEW
@@ -120,7 +120,7 @@ def issue_serving_cert(
     now: dt.datetime | None = None,
 ) -> PemPair:
     """A TLS server certificate for the given DNS names and IP addresses, signed by ``ca``."""
-    names = [_check_dns_name(name) for name in dns_names]
+    names = [check_dns_name(name) for name in dns_names]
     ips = [parse_ip(address) for address in ip_addresses]
     if not names and not ips:
         raise CertificateError("a serving certificate needs at least one DNS name or IP address")
@@ -180,7 +180,7 @@ def _issue(
     days: int,
     now: dt.datetime | None,
 ) -> PemPair:
-    _check_days(days)
+    check_days(days)
     current = _now(now)
     start = current - CLOCK_SKEW
     end = current + dt.timedelta(days=days)
@@ -243,14 +243,14 @@ def _name(common_name: str, organizations: list[str]) -> x509.Name:
     return x509.Name(attributes)
 
 
-def _check_dns_name(name: str) -> str:
+def check_dns_name(name: str) -> str:
     cleaned = name.strip().rstrip(".")
     if len(cleaned) > 253 or not _DNS_NAME.match(cleaned):
         raise CertificateError(f"not a valid DNS name: {name!r}")
     return cleaned
 
 
-def _check_days(days: int) -> None:
+def check_days(days: int) -> None:
     if days < 1:
         raise CertificateError(f"validity must be at least 1 day, got {days}")
 

@@ -75,11 +75,13 @@ def ca_bundle_patch(webhook_configuration: Mapping[str, Any], ca_pem: bytes) -> 
     return patch
 
 
-def api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """A client from ``kubeconfig``, else the in-cluster service account, else the default kubeconfig."""
+def api_client(kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
+    """A client from ``kubeconfig``, else the in-cluster service account, else the default kubeconfig.
+    ``context`` picks a kubeconfig context other than the current one (and always means a kubeconfig)."""
     try:
-        if kubeconfig:
-            return cast(client.ApiClient, _call(config.new_client_from_config, config_file=kubeconfig))
+        if kubeconfig or context:
+            return cast(client.ApiClient, _call(config.new_client_from_config, config_file=kubeconfig,
+                                                context=context))
         try:
             configuration = client.Configuration()
             _call(config.load_incluster_config, client_configuration=configuration)
@@ -87,7 +89,10 @@ def api_client(kubeconfig: str | None = None) -> client.ApiClient:
         except config.ConfigException:
             return cast(client.ApiClient, _call(config.new_client_from_config))
     except (config.ConfigException, OSError, yaml.YAMLError) as exc:
-        source = kubeconfig or "in-cluster config or default kubeconfig"
+        source = kubeconfig or ("default kubeconfig" if context
+                                else "in-cluster config or default kubeconfig")
+        if context:
+            source += f", context {context!r}"
         raise KubeError(f"cannot load Kubernetes configuration ({source}): {exc}") from exc
 
 

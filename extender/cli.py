@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from extender.common import eventloop
+from extender.common.cli import EXIT_FAILED, EXIT_USAGE, OneLineParser, describe, fail
 from extender.common.options import (
     add_config_argument,
     duration,
@@ -18,9 +17,9 @@ from extender.common.options import (
     take_deprecations,
 )
 from extender.common.version import version_line
-from extender.controllers import leadership, registry
-from extender.scheduling.state import InventorySource
 
+# The controllers, the scheduling core, numpy and aiohttp are imported where a command needs them, never
+# at start: ``tf-extender --version`` and shell completion stay fast (docs/cli.md).
 if TYPE_CHECKING:
     from extender.service import ExtenderService, Settings
 
@@ -33,6 +32,9 @@ ENV_PREFIX = "TF_EXTENDER"
 
 def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     """The process's own flags (API access, the HTTP face, the scheduling core), then every controller's."""
+    from extender.controllers import leadership, registry
+    from extender.scheduling.state import InventorySource
+
     serve.add_argument("--port", type=int, default=8080,
                        help="port of the verbs, /healthz, /readyz and /metrics")
     serve.add_argument("--bind-address", default="127.0.0.1",
@@ -66,21 +68,29 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                             "kube-scheduler skips prioritize (one extender call per pod instead of two); "
                             "--no-filter-first-choice answers every fitting node and lets the scheduler's "
                             "scoring weigh them (default on)")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                       help="the least severe log lines written (default info)")
     leadership.add_arguments(serve)
     for package in registry.CONTROLLERS:  # each controller package declares its own options
         package.add_arguments(serve)
     add_config_argument(serve, ENV_PREFIX)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tf-extender", description=__doc__)
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``only``, only that subcommand's flags are added (shell completion asks for the one
+    it completes: each command's flags import its modules)."""
+    parser = OneLineParser(prog="tf-extender", description="Run the scheduler extender, or look at and plan "
+                                                           "GPU pools offline.")
     parser.add_argument("--version", action="version", version=version_line("tf-extender"))
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, summary, add in _COMMANDS:
+        sub = commands.add_parser(name, help=summary)
+        if only is None or only == name:
+            add(sub)
+    return parser
 
-    add_serve_arguments(commands.add_parser("serve", help="run the kube-scheduler HTTP extender"))
 
-    simulate = commands.add_parser("simulate", help="place pods on a cluster snapshot, offline")
+def _add_simulate(simulate: argparse.ArgumentParser) -> None:
     try:
         from extender.simulate_cmd import add_simulate_arguments
     except ImportError:  # the simulator ships separately from the server
@@ -88,21 +98,33 @@ def build_parser() -> argparse.ArgumentParser:
     else:
         add_simulate_arguments(simulate)
 
-    status = commands.add_parser("status", help="one screen on the GPU pools, read from the API server")
+
+def _add_status(parser: argparse.ArgumentParser) -> None:
     from extender.status_cmd import add_status_arguments
 
-    add_status_arguments(status)
+    add_status_arguments(parser)
 
+
+def _add_plan(parser: argparse.ArgumentParser) -> None:
     from extender.plan_cmd import add_plan_arguments
 
-    add_plan_arguments(commands.add_parser(
-        "plan", help="print, as JSON lines, what the capacity controllers would do now on a snapshot"))
+    add_plan_arguments(parser)
 
+
+def _add_crds(parser: argparse.ArgumentParser) -> None:
     from extender.crds_cmd import add_crds_arguments
 
-    add_crds_arguments(commands.add_parser(
-        "crds", help="install the project's CRDs, refusing to replace TensorFusion's or any that has more"))
-    return parser
+    add_crds_arguments(parser)
+
+
+_COMMANDS: tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None]], ...] = (
+    ("serve", "run the kube-scheduler HTTP extender", add_serve_arguments),
+    ("simulate", "place pods on a cluster snapshot, offline", _add_simulate),
+    ("status", "one screen on the GPU pools, read from the API server", _add_status),
+    ("plan", "print, as JSON lines, what the capacity controllers would do now on a snapshot", _add_plan),
+    ("crds", "install the project's CRDs, refusing to replace TensorFusion's or any that has more",
+     _add_crds),
+)
 
 
 def serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -111,13 +133,28 @@ def serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv == ["--version"]:  # before the parser, which imports every controller for its flags
+        print(version_line("tf-extender"))
+        return 0
     parser = build_parser()
     args = parse_with_sources(parser, serve_parser(parser) if argv[:1] == ["serve"] else None, argv,
                               ENV_PREFIX)
+    if args.command == "serve":
+        return serve(args)
+    try:
+        return _run_command(args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `tf-extender plan ... | head`
+        return 0
+    except Exception as exc:  # one line, never a traceback
+        return fail(f"tf-extender {args.command}", describe(exc))
+
+
+def _run_command(args: argparse.Namespace) -> int:
     if args.command == "simulate":
         if getattr(args, "simulate_missing", False):
-            print("tf-extender: the simulator is not installed", file=sys.stderr)
-            return 2
+            return fail("tf-extender simulate", "the simulator is not installed", EXIT_USAGE)
         from extender.simulate_cmd import main_simulate
 
         return int(main_simulate(args))
@@ -129,15 +166,14 @@ def main(argv: list[str] | None = None) -> int:
         from extender.plan_cmd import main_plan
 
         return main_plan(args)
-    if args.command == "crds":
-        from extender.crds_cmd import main_crds
+    from extender.crds_cmd import main_crds
 
-        return main_crds(args)
-    return serve(args)
+    return main_crds(args)
 
 
 def serve(args: argparse.Namespace) -> int:
     from certs.authority import CertificateError
+    from extender.common import eventloop
     from extender.common.logs import setup_logging
     from extender.kube.client import KubeConfigError, load_api_client
     from extender.service import ExtenderService
@@ -148,20 +184,20 @@ def serve(args: argparse.Namespace) -> int:
     try:
         api_client = load_api_client(args.kubeconfig)
     except KubeConfigError as exc:
-        print(f"tf-extender: {exc}", file=sys.stderr)
-        return 2
+        return fail("tf-extender serve", str(exc), EXIT_USAGE)
     settings = settings_from_args(args)
     try:
         eventloop.run(_run(ExtenderService(api_client, settings)))
     except (OSError, CertificateError) as exc:  # port in use, unreadable certificates ...
         log.error("cannot serve", extra={"error": str(exc)})
-        print(f"tf-extender: {exc}", file=sys.stderr)
-        return 1
+        return fail("tf-extender serve", describe(exc), EXIT_FAILED)
     return 0
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """``serve``'s flags as the service's settings, each controller's read by its own package."""
+    from extender.controllers import leadership, registry
+    from extender.scheduling.state import InventorySource
     from extender.service import Settings
 
     return Settings(
@@ -176,6 +212,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 async def _run(service: ExtenderService) -> None:
+    import asyncio
+    import signal
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from extender.common.cli import EXIT_USAGE, describe, fail
 from extender.common.labels import (
     APP_MANAGED_BY,
     APP_PART_OF,
@@ -38,6 +39,7 @@ from extender.common.labels import (
     HELM_RELEASE_NAME,
     HELM_RELEASE_NAMESPACE,
 )
+from extender.common.options import duration
 
 PART_OF = "tensor-fusion-extender"
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
@@ -210,7 +212,7 @@ def _files(paths: Iterable[str | Path]) -> Iterator[Path]:
 
 def add_crds_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(
-        dest="crds_action", required=True,
+        dest="crds_action", required=True, metavar="check|apply",
         help="check: what apply would do to each CRD, exit 1 if any is refused; apply: create or update them "
              "(-f FILE|DIR, default manifests/crds; --kubeconfig; --timeout), only if none is refused")
     for name, text in (("check", "say, per CRD, whether apply would create, update or leave it, or refuse "
@@ -221,29 +223,31 @@ def add_crds_arguments(parser: argparse.ArgumentParser) -> None:
                          help=f"a CRD file or a folder of them (repeatable; default {DEFAULT_FILES})")
         sub.add_argument("--kubeconfig", default=None,
                          help="kubeconfig file (default: in-cluster service account, else ~/.kube/config)")
+        sub.add_argument("--context", default=None,
+                         help="the kubeconfig context to use (default: its current context)")
         if name == "apply":
-            sub.add_argument("--timeout", type=float, default=60.0,
-                             help="seconds to wait for each CRD to be Established (default 60)")
+            sub.add_argument("--timeout", type=duration("--timeout", positive=True), default=60.0,
+                             metavar="DURATION",
+                             help="time to wait for each CRD to be Established, such as 60s or 2m (default "
+                                  "60s)")
 
 
 def main_crds(args: argparse.Namespace, out: Any = None) -> int:
-    from extender.kube.client import KubeConfigError, error_message, load_api_client
+    from extender.kube.client import KubeConfigError, cli_error, load_api_client
 
     out = out or sys.stdout
+    prog = f"tf-extender crds {args.crds_action}"
     try:
         crds = read_crds(args.filename or [DEFAULT_FILES])
     except (OSError, yaml.YAMLError) as exc:
-        print(f"tf-extender: cannot read the CRDs: {exc}", file=sys.stderr)
-        return 2
+        return fail(prog, f"cannot read the CRDs: {describe(exc)}", EXIT_USAGE)
     if not crds:
-        print(f"tf-extender: no CustomResourceDefinition in {', '.join(args.filename or [DEFAULT_FILES])}",
-              file=sys.stderr)
-        return 2
+        return fail(prog, f"no CustomResourceDefinition in {', '.join(args.filename or [DEFAULT_FILES])}",
+                    EXIT_USAGE)
     try:
-        api = load_api_client(args.kubeconfig)
+        api = load_api_client(args.kubeconfig, context=getattr(args, "context", None))
     except KubeConfigError as exc:
-        print(f"tf-extender: {exc}", file=sys.stderr)
-        return 2
+        return fail(prog, str(exc), EXIT_USAGE)
     try:
         current = {name: _read(api, name) for name in (str(_meta(c).get("name")) for c in crds)}
         verdicts = [decide(crd, current[str(_meta(crd).get("name"))]) for crd in crds]
@@ -262,8 +266,7 @@ def main_crds(args: argparse.Namespace, out: Any = None) -> int:
                 if done is not None:
                     out.write(f"{verdict.name}: {done}, Established\n")
     except Exception as exc:
-        print(f"tf-extender: {error_message(exc)}", file=sys.stderr)
-        return 1
+        return fail(prog, cli_error(exc, "customresourcedefinitions.apiextensions.k8s.io"))
     finally:
         api.close()  # type: ignore[no-untyped-call]
     return 0

@@ -20,6 +20,7 @@ from extender.autoscaling.usage import StaticUsageSource
 from extender.cloud.nodeclass import parse_node_class
 from extender.cloud.provider import LaunchRequest
 from extender.cloud.vendor import VendorConfig, read_vendor_file
+from extender.common.cli import EXIT_USAGE, describe, fail
 from extender.common.options import duration
 from extender.common.output import add_output_argument, json_lines, table, yaml_document
 from extender.common.progress import Progress
@@ -127,8 +128,7 @@ def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = Non
     if args.now:
         parsed = parse_time(args.now)
         if parsed is None:
-            print(f"{prog}: --now {args.now!r} is not an RFC 3339 time", file=sys.stderr)
-            return 2
+            return fail(prog, f"--now {args.now!r} is not an RFC 3339 time", EXIT_USAGE)
         now = parsed
     with Progress(prog) as progress:
         try:
@@ -138,8 +138,7 @@ def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = Non
                 with open(args.catalog, encoding="utf-8") as handle:
                     catalog = parse_catalog(handle.read())
         except (OSError, YAMLFileError, yaml.YAMLError, CapacityError) as exc:
-            print(f"{prog}: {exc}", file=sys.stderr)
-            return 2
+            return fail(prog, describe(exc), EXIT_USAGE)
         progress.begin("loading the snapshot")
         inputs = snapshot_inputs(objects, now=now, catalog=catalog, protection_seconds=args.protection_time)
         if planners is None:
@@ -151,8 +150,7 @@ def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = Non
                 fallback = VendorChoice(read_vendor_file(args.computing_vendor),
                                         f"--computing-vendor {args.computing_vendor}")
             except (OSError, yaml.YAMLError) as exc:
-                print(f"{prog}: {exc}", file=sys.stderr)
-                return 2
+                return fail(prog, f"--computing-vendor: {describe(exc)}", EXIT_USAGE)
         clusters = {object_name(o): o for o in objects if _kind(o) == "TensorFusionCluster"}
         pools = {object_name(o): o for o in objects if _kind(o) == "GPUPool"}
         classes = {object_name(o): o for o in objects if _kind(o) == "GPUNodeClass"}
@@ -176,9 +174,14 @@ def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = Non
     return 2 if found is None else 0
 
 
+# launch rows fill the cost columns, release rows the node: one table for both
+PLAN_COLUMNS = ("action", "pool", "node", "instanceType", "capacityType", "count", "hourlyPrice", "reason")
+PLAN_HEADERS = {"instanceType": "INSTANCE TYPE", "capacityType": "CAPACITY", "hourlyPrice": "$/HOUR"}
+
+
 def _write(output: str, rows: list[dict[str, Any]], entries: list[dict[str, Any]]) -> None:
     if output == "table":
-        sys.stdout.write(table(rows, ("action", "pool", "node", "reason")))
+        sys.stdout.write(table(rows, PLAN_COLUMNS, PLAN_HEADERS))
         if entries:
             sys.stdout.write("\n" + table(entries, ("action", "namespace", "workload", "workers", "samples")))
     elif output == "yaml":
@@ -197,25 +200,25 @@ def _plan_autoscale(args: argparse.Namespace, state: ClusterState, objects: Sequ
     from extender.controllers.autoscale.prometheus import UsageUnavailable
     from extender.controllers.autoscale.samples import load_samples
 
+    prog = getattr(args, "prog", "tf-extender plan")
     try:
         zone = ZoneInfo(args.cron_time_zone)
     except (ZoneInfoNotFoundError, ValueError):
-        print(f"tf-extender plan: --cron-time-zone {args.cron_time_zone!r} is not an IANA time zone",
-              file=sys.stderr)
+        fail(prog, f"--cron-time-zone {args.cron_time_zone!r} is not an IANA time zone")
         return None
     if getattr(args, "prometheus", None):
         if args.samples:
-            print("tf-extender plan: --samples and --prometheus: give one usage source", file=sys.stderr)
+            fail(prog, "--samples and --prometheus: give one usage source")
             return None
         try:
             samples = _read_prometheus(args, objects, now)
         except (ValueError, UsageUnavailable) as exc:
-            print(f"tf-extender plan: --prometheus: {exc}", file=sys.stderr)
+            fail(prog, f"--prometheus: {exc}")
             return None
     else:
         samples, problems = load_samples(args.samples) if args.samples else (StaticUsageSource(), [])
         for problem in problems[:10]:
-            print(f"tf-extender plan: --samples: {problem}", file=sys.stderr)
+            fail(prog, f"--samples: {problem}")
         if problems and not samples.samples:
             return None
     return plan_autoscale(state, objects, samples, now, zone)

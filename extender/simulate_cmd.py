@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any
 
+from extender.common.cli import EXIT_USAGE, describe, fail
 from extender.common.contract import GPU_IDS, ContractError, RequestContext, parse_request, render_annotations
 from extender.common.output import add_output_argument, json_lines, table, yaml_document
 from extender.common.progress import Progress
@@ -206,6 +207,12 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=[m.value for m in Mode], default=None,
                         help="placement mode for every pool (default: each pool's own)")
     add_output_argument(parser, "json", "one JSON object per pod and line, in order")
+    parser.add_argument("--fail-on-unplaced", action=argparse.BooleanOptionalAction, default=False,
+                        help=f"exit {EXIT_UNPLACED} when any pod found no node (for CI gates; default: "
+                             "exit 0 whatever the placements)")
+
+
+EXIT_UNPLACED = 3  # not 1 (a failure) nor 2 (usage): the run worked and some pods did not fit
 
 
 def main_simulate(args: argparse.Namespace) -> int:
@@ -215,8 +222,7 @@ def main_simulate(args: argparse.Namespace) -> int:
             cluster = read_file(args.cluster, progress)
             pods = [obj for obj in read_file(args.pods, progress) if obj.get("kind", "Pod") == "Pod"]
         except (OSError, YAMLFileError) as exc:
-            print(f"{prog}: {exc}", file=sys.stderr)
-            return 2
+            return fail(prog, describe(exc), EXIT_USAGE)
         results, state = simulate_with_state(cluster, pods, args.mode, progress)
         progress.begin("writing the results")
         output = getattr(args, "output", "json")
@@ -233,4 +239,8 @@ def main_simulate(args: argparse.Namespace) -> int:
     held = sum(1 for r in results if r.get("heldByQuota"))
     if held:
         print(f"held by GPU quotas: {held} pod{'s' if held > 1 else ''}", file=sys.stderr)
+    unplaced = sum(1 for result in results if result["node"] is None)
+    if unplaced and getattr(args, "fail_on_unplaced", False):
+        print(f"{prog}: {unplaced} of {len(results)} pods unplaced", file=sys.stderr)
+        return EXIT_UNPLACED
     return 0

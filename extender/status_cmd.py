@@ -18,16 +18,20 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from extender.common.cli import one_line
 from extender.common.contract import COMPONENT_LABEL, COMPONENT_WORKER, GPU_POOL, POOL_LABEL, ContractError
 from extender.common.labels import EXPANSION_LABEL, EXPANSION_POD_ANNOTATION, NODEPOOL_LABEL
 from extender.common.output import add_output_argument, yaml_document
-from extender.controllers.gpustatus import PoolTotals, node_parts, tflops_text, vram_text
 from extender.kube import resources
 from extender.kube.resources import Resource
-from extender.quota.book import QuotaBook
-from extender.scheduling.state import ClusterState, Kind, PlacementError, pod_key
+
+if TYPE_CHECKING:
+    from extender.scheduling.state import ClusterState
+
+# The ledger code (numpy) and the status writer are imported by the functions that use them: the flags,
+# and so shell completion and --help, stay light.
 
 NO_POOL = "-"
 DEFAULT_PROVISIONING = "AutoSelect"
@@ -90,6 +94,8 @@ def _claim_state(claim: Mapping[str, Any]) -> str:
 
 
 def report_state(snapshot: StatusSnapshot) -> ClusterState:
+    from extender.scheduling.state import ClusterState, Kind
+
     state = ClusterState()
     for kind, objects in ((Kind.TEMPLATE, snapshot.templates), (Kind.POOL, snapshot.pools),
                           (Kind.NODE, snapshot.nodes), (Kind.GPU, snapshot.gpus), (Kind.POD, snapshot.pods)):
@@ -99,6 +105,9 @@ def report_state(snapshot: StatusSnapshot) -> ClusterState:
 
 
 def build_report(snapshot: StatusSnapshot) -> dict[str, Any]:
+    from extender.controllers.gpustatus import PoolTotals, node_parts, tflops_text, vram_text
+    from extender.scheduling.state import PlacementError, pod_key
+
     state = report_state(snapshot)
     pool_specs = {str(_meta(p).get("name")): p for p in snapshot.pools}
     totals: dict[str, PoolTotals] = {name: PoolTotals() for name in pool_specs}
@@ -165,6 +174,9 @@ def build_report(snapshot: StatusSnapshot) -> dict[str, Any]:
 def quota_report(state: ClusterState, quotas: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per namespace with a GPUResourceQuota: used (the ledger's) and total per dimension; the total is the
     smallest of the namespace's quotas, "-" when none caps it."""
+    from extender.controllers.gpustatus import tflops_text, vram_text
+    from extender.quota.book import QuotaBook
+
     book = QuotaBook(state, lambda: quotas)
     out = []
     for namespace, items in sorted(book.by_namespace().items()):
@@ -235,8 +247,16 @@ def read_snapshot(list_all: Callable[[Resource, str | None], list[dict[str, Any]
         quotas=list_all(resources.GPU_RESOURCE_QUOTAS, None))
 
 
-def kube_lister(api_client: Any) -> Callable[[Resource, str | None], list[dict[str, Any]]]:
-    from extender.kube.client import not_found, request_json
+def resource_name(resource: Resource) -> str:
+    """``gpupools.tensor-fusion.ai``, ``nodes``: the name kubectl and the API server know a resource by."""
+    return f"{resource.plural}.{resource.group}" if resource.group else resource.plural
+
+
+def kube_lister(api_client: Any, missing: list[str] | None = None,
+                ) -> Callable[[Resource, str | None], list[dict[str, Any]]]:
+    """A lister over the API server. A custom resource the server does not serve lists as empty, and its
+    name is added to ``missing``; any other failure raises ``RuntimeError`` naming the resource."""
+    from extender.kube.client import cli_error, not_found, request_json
 
     def list_all(resource: Resource, selector: str | None) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
@@ -248,8 +268,10 @@ def kube_lister(api_client: Any) -> Callable[[Resource, str | None], list[dict[s
                 page = request_json(api_client, "GET", resources.collection_path(resource), query=query)
             except Exception as exc:
                 if resource.group and not_found(exc):
+                    if missing is not None:
+                        missing.append(resource_name(resource))
                     return []  # the CRD is not installed: none of these
-                raise
+                raise RuntimeError(cli_error(exc, resource_name(resource))) from exc
             items.extend(page.get("items") or [])
             token = (page.get("metadata") or {}).get("continue")
             if not token:
@@ -303,24 +325,26 @@ def _interval(text: str) -> float:
 
 
 def main_status(args: argparse.Namespace, out: Any = None) -> int:
-    from extender.kube.client import KubeConfigError, error_message, load_api_client
+    from extender.kube.client import KubeConfigError, load_api_client
 
     out = out or sys.stdout
     prog = getattr(args, "prog", "tf-extender status")
     try:
         api_client = load_api_client(args.kubeconfig, context=args.context)
     except KubeConfigError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     try:
         while True:
+            missing: list[str] = []
             try:
-                snapshot = read_snapshot(kube_lister(api_client))
+                snapshot = read_snapshot(kube_lister(api_client, missing))
             except Exception as exc:
-                print(f"{prog}: cannot read the cluster: {error_message(exc)}", file=sys.stderr)
+                print(f"{prog}: error: {one_line(str(exc))}", file=sys.stderr)
                 if not args.watch:
                     return 1
             else:
+                _note_missing(prog, missing)
                 report = build_report(snapshot)
                 if args.namespace:
                     report = in_namespace(report, args.namespace)
@@ -344,6 +368,14 @@ def main_status(args: argparse.Namespace, out: Any = None) -> int:
         return 0
     finally:
         api_client.close()  # type: ignore[no-untyped-call]
+
+
+def _note_missing(prog: str, missing: list[str]) -> None:
+    """One line naming TensorFusion's resources the API server does not serve (their CRDs are missing)."""
+    ours = [name for name in missing if name.endswith(f".{resources.GPUS.group}")]
+    if ours:
+        print(f"{prog}: note: the API server has no {', '.join(ours)}: install TensorFusion's CRDs or run "
+              "tf-extender crds apply (docs/install.md#crds)", file=sys.stderr)
 
 
 def _usage(args: argparse.Namespace, snapshot: Any, prog: str) -> tuple[int, dict[str, Any] | None]:

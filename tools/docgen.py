@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from extender.common.options import DurationType
+from extender.common.options import DurationType, configurable, env_name, env_prefix_of
 from extender.common.timefmt import format_duration
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,18 +89,34 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Ar
     return out
 
 
+def _env(action: argparse.Action, prefix: str, settable: set[int]) -> str:
+    if id(action) not in settable:
+        return ""
+    long = next((s for s in action.option_strings if s.startswith("--") and not s.startswith("--no-")),
+                action.option_strings[0])
+    return f"`{env_name(prefix, long)}`"
+
+
 def _command_section(program: str, name: str, parser: argparse.ArgumentParser, summary: str) -> list[str]:
     lines = [f"### `{program} {name}`", ""]
     if summary:
         lines += [_cell(summary[0].upper() + summary[1:]) + ".", ""]
+    prefix = env_prefix_of(parser)
+    settable = {id(a) for a in [*configurable(parser), *parser._actions] if prefix and (
+        a.option_strings and not isinstance(a, argparse._HelpAction | argparse._VersionAction))}
     for group in parser._action_groups:
         actions = [a for a in group._group_actions if not isinstance(a, argparse._HelpAction)]
         if not actions:
             continue
         if group.title not in ("options", "optional arguments", "positional arguments"):
             lines += [f"**{_cell(group.title)}**", ""]
-        lines += ["| flag | default | what it does |", "|---|---|---|"]
-        lines += [f"| {_flag(a)} | {_default(a)} | {_help(a)} |" for a in actions]
+        if prefix:  # the flags are also environment variables (and --config keys)
+            lines += ["| flag | environment | default | what it does |", "|---|---|---|---|"]
+            lines += [f"| {_flag(a)} | {_env(a, prefix, settable)} | {_default(a)} | {_help(a)} |"
+                      for a in actions]
+        else:
+            lines += ["| flag | default | what it does |", "|---|---|---|"]
+            lines += [f"| {_flag(a)} | {_default(a)} | {_help(a)} |" for a in actions]
         lines.append("")
     return lines
 
@@ -108,10 +124,16 @@ def _command_section(program: str, name: str, parser: argparse.ArgumentParser, s
 def _parsers() -> list[tuple[str, argparse.ArgumentParser]]:
     from certs import cli as certs_cli
     from extender import cli as extender_cli
+    from kubectl_tf import cli as plugin_cli
     from webhook import cli as webhook_cli
 
     return [("tf-extender", extender_cli.build_parser()), ("tf-webhook", webhook_cli.build_parser()),
-            ("tf-certs", certs_cli.build_parser())]
+            ("tf-certs", certs_cli.build_parser()), ("kubectl tf", plugin_cli.build_parser())]
+
+
+# kubectl tf's commands that are another program's, with the same flags: documented there
+_PLUGIN_ALIASES = {"status": "tf-extender status", "plan": "tf-extender plan",
+                   "simulate": "tf-extender simulate", "mutate": "tf-webhook mutate"}
 
 
 def flags_markdown() -> str:
@@ -119,13 +141,19 @@ def flags_markdown() -> str:
         parsers = _parsers()
     lines = [_HEADER.format(command=COMMAND, source="the command-line parsers").rstrip("\n"), "",
              "# Command-line flags", "",
-             "Every subcommand of the three programs, with each flag's default (environment variables unset) "
-             "and help, as `--help` prints them.", ""]
+             "Every subcommand of the four programs, with each flag's default (environment variables unset) "
+             "and help, as `--help` prints them; where a flag can also be set from the environment (the "
+             "`serve` commands), its variable.", ""]
     for program, parser in parsers:
         lines += [f"## {program}", ""]
         if parser.description:
             lines += [_cell(parser.description.strip().splitlines()[0]).replace("``", "`"), ""]
-        for name, sub, summary in _subcommands(parser):
+        commands = _subcommands(parser)
+        if program == "kubectl tf":
+            same = "; ".join(f"`kubectl tf {name}` is `{alias}`" for name, alias in _PLUGIN_ALIASES.items())
+            lines += [same + ", with the same flags.", ""]
+            commands = [c for c in commands if c[0] not in _PLUGIN_ALIASES]
+        for name, sub, summary in commands:
             lines += _command_section(program, name, sub, summary)
     return "\n".join(lines).rstrip("\n") + "\n"
 

@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from extender.common import eventloop
-from extender.common.logs import setup_logging
+from extender.common.cli import EXIT_USAGE, OneLineParser, describe, fail
 from extender.common.options import (
     add_config_argument,
     duration,
@@ -23,45 +18,41 @@ from extender.common.options import (
     subcommand,
     take_deprecations,
 )
-from extender.common.tasks import cancel_and_wait
 from extender.common.version import version_line
-from extender.common.yamlio import YAMLFileError, iter_documents
-from webhook.karpenter import DoNotDisruptSwitch, Mode, api_probe, running
-from webhook.mutation import mutate
-from webhook.server import (
-    DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_SCHEDULER_NAME,
-    WebhookService,
-    admission_log,
-    create_monitoring_server,
-    create_server,
-)
-from webhook.view import ObjectsError, StaticClusterView, load_objects
+
+# The server, the mutation, aiohttp and the Kubernetes client are imported where a command needs them:
+# ``tf-webhook --version`` and shell completion stay fast.
 
 log = logging.getLogger("webhook.cli")
 
 EXIT_DENIED = 1
-EXIT_USAGE = 2
 # tf-webhook serve --request-timeout can also come from TF_WEBHOOK_REQUEST_TIMEOUT or --config FILE.
 ENV_PREFIX = "TF_WEBHOOK"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tf-webhook", description=__doc__)
+    from extender.common.contract import DEFAULT_SCHEDULER_NAME
+    from webhook.deadline import DEFAULT_REQUEST_TIMEOUT
+    from webhook.karpenter import Mode
+
+    parser = OneLineParser(prog="tf-webhook", description="Serve the admission webhook, or show what it does "
+                                                          "to a pod or workload offline.")
     parser.add_argument("--version", action="version", version=version_line("tf-webhook"))
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="serve the mutating admission webhook over HTTPS")
-    serve.add_argument("--port", type=int, default=9443)
-    serve.add_argument("--bind-address", default="0.0.0.0")
+    serve.add_argument("--port", type=int, default=9443, help="HTTPS port of the webhook (default 9443)")
+    serve.add_argument("--bind-address", default="0.0.0.0", help="listen address (default 0.0.0.0)")
     serve.add_argument("--metrics-port", type=int, default=0,
                        help="also serve /metrics, /healthz and /readyz over plain HTTP on this port "
                             "(default 0: off; they are always on the HTTPS port too)")
     serve.add_argument("--cert-dir", required=True, type=Path,
                        help="directory with tls.crt and tls.key, reloaded when they change")
     serve.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster)")
-    serve.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER_NAME)
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER_NAME,
+                       help=f"schedulerName set on GPU pods (default {DEFAULT_SCHEDULER_NAME})")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                       help="the least severe log lines written (default info)")
     serve.add_argument("--request-timeout", type=duration("--request-timeout", positive=True),
                        default=DEFAULT_REQUEST_TIMEOUT, metavar="DURATION",
                        help="time to answer one AdmissionReview (default 8s)")
@@ -75,29 +66,41 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_argument(serve, ENV_PREFIX)
 
     add_mutate_arguments(commands.add_parser(
-        "mutate", help="show what the webhook does to a pod, without a cluster"))
+        "mutate", help="show what the webhook does to a pod or a workload's pods, without a cluster"))
     return parser
 
 
 def add_mutate_arguments(offline: argparse.ArgumentParser) -> None:
     """``mutate``'s flags (``tf-webhook mutate`` and ``kubectl tf mutate``; both run ``run_mutate``)."""
-    offline.add_argument("--pod", required=True, help="pod manifest (YAML or JSON); - for stdin")
-    offline.add_argument("--objects", default=None,
+    from extender.common.contract import DEFAULT_SCHEDULER_NAME
+
+    offline.add_argument("--pod", required=True, metavar="FILE",
+                         help="a Pod, or a Deployment, StatefulSet, Job, ReplicaSet, DaemonSet or CronJob "
+                              "(its pod template), as YAML or JSON; - for stdin")
+    offline.add_argument("--objects", default=None, metavar="FILE",
                          help="YAML stream or List of GPUPools, WorkloadProfiles, SchedulingConfigTemplates, "
-                              "ReplicaSets, Jobs ...")
+                              "ReplicaSets, Jobs ... (kubectl tf snapshot writes one)")
     offline.add_argument("--namespace", default=None,
                          help="namespace of the pod (default: its own, else default)")
-    offline.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER_NAME)
-    offline.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    offline.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER_NAME,
+                         help=f"schedulerName the webhook sets (default {DEFAULT_SCHEDULER_NAME})")
+    offline.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml",
+                         help="format of the mutated pod (default yaml)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv == ["--version"]:
+        print(version_line("tf-webhook"))
+        return 0
     parser = build_parser()
     args = parse_with_sources(parser, serve_parser(parser) if argv[:1] == ["serve"] else None, argv,
                               ENV_PREFIX)
     if args.command == "mutate":
         return run_mutate(args)
+    from extender.common import eventloop
+    from extender.common.logs import setup_logging
+
     setup_logging(args.log_level)
     for line in take_deprecations():
         log.warning(line)
@@ -115,17 +118,26 @@ def serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def run_mutate(args: argparse.Namespace) -> int:
+    """Print the mutated pod, or every denial (one line each, exit 1)."""
+    from webhook.mutation import mutate
+    from webhook.offline import NotAPodError, every_denial, pod_of
+    from webhook.view import ObjectsError, StaticClusterView, load_objects
+
+    prog = getattr(args, "prog", "tf-webhook mutate")
     try:
-        pod = _read_pod(args.pod)
+        pod = pod_of(_read_object(args.pod), "--pod " + args.pod)
         objects = load_objects(_read_text(args.objects), args.objects) if args.objects else []
-    except (OSError, ObjectsError) as exc:
-        print(f"{getattr(args, 'prog', 'tf-webhook mutate')}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    except (ObjectsError, NotAPodError) as exc:
+        return fail(prog, str(exc), EXIT_USAGE)
+    except (OSError, UnicodeDecodeError) as exc:
+        return fail(prog, describe(exc), EXIT_USAGE)
     namespace = args.namespace or str((pod.get("metadata") or {}).get("namespace") or "") or "default"
     view = StaticClusterView(objects, default_namespace=namespace)
-    result = mutate(pod, view, scheduler_name=args.scheduler_name, index=1, namespace=namespace)
-    if result.denial is not None:
-        print(f"denied: {result.denial.message}", file=sys.stderr)
+    result, denials = every_denial(pod, lambda p: mutate(p, view, scheduler_name=args.scheduler_name, index=1,
+                                                         namespace=namespace))
+    if denials:
+        for denial in denials:
+            print(f"denied: {denial.message}", file=sys.stderr)
         return EXIT_DENIED
     if result.skipped:
         print("pod is not labelled tensor-fusion.ai/enabled=true: the webhook leaves it untouched",
@@ -135,35 +147,47 @@ def run_mutate(args: argparse.Namespace) -> int:
 
 
 def _read_text(path: str) -> str:
-    return sys.stdin.read() if path == "-" else Path(path).read_text()
+    return sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
 
 
-def _read_pod(path: str) -> dict[str, Any]:
+def _read_object(path: str) -> dict[str, Any]:
+    from extender.common.yamlio import YAMLFileError, iter_documents
+    from webhook.view import ObjectsError
+
     try:
         documents = [d for d in iter_documents(_read_text(path), path) if d is not None]
     except YAMLFileError as exc:
         raise ObjectsError(str(exc)) from exc
-    if len(documents) != 1 or not isinstance(documents[0], dict) or documents[0].get("kind") != "Pod":
-        raise ObjectsError(f"{path}: expected exactly one object of kind Pod")
+    if len(documents) != 1 or not isinstance(documents[0], dict):
+        found = f"{len(documents)} documents" if len(documents) != 1 else \
+            f"a {type(documents[0]).__name__} where a mapping with a kind belongs"
+        raise ObjectsError(f"--pod {path}: expected exactly one object (a Pod or a workload), found {found}")
     return documents[0]
 
 
 def _render(pod: dict[str, Any], output: str) -> str:
     if output == "json":
         return json.dumps(pod, indent=2) + "\n"
+    import yaml
+
     return str(yaml.safe_dump(pod, sort_keys=False))
 
 
 async def serve(args: argparse.Namespace) -> int:
     # Imported here so that the offline ``mutate`` does not pay for the Kubernetes client.
+    import asyncio
+    import signal
+
     from aiohttp import web
 
     from certs.files import TLS_CERT
     from certs.reload import serving_context, watch_certificates
     from extender.kube.client import load_api_client
     from webhook.caches import ServingCaches
+    from webhook.karpenter import DoNotDisruptSwitch, Mode, api_probe, running
     from webhook.memo import MutationCache
     from webhook.replay import ReviewReplay
+    from webhook.server import WebhookService, admission_log, create_monitoring_server, create_server
 
     ssl_context = serving_context(args.cert_dir)
     api_client = load_api_client(args.kubeconfig)
@@ -202,6 +226,8 @@ async def serve(args: argparse.Namespace) -> int:
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
+        from extender.common.tasks import cancel_and_wait
+
         await cancel_and_wait([reloader])
         if monitoring is not None:
             await monitoring.cleanup()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from types import TracebackType
 
+DEFAULT_REQUEST_TIMEOUT = 8.0  # seconds to answer one AdmissionReview (tf-webhook serve --request-timeout)
 DEFAULT_TICK = 0.1
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from extender.common.batched_log import BatchedLog
+from extender.common.contract import DEFAULT_SCHEDULER_NAME
 from extender.common.logs import describe_exception, one_line_server_errors
 from webhook.admission import (
     Decision,
@@ -27,7 +28,7 @@ from webhook.admission import (
     encode_review,
     parse_review,
 )
-from webhook.deadline import DEFAULT_TICK, Deadlines
+from webhook.deadline import DEFAULT_REQUEST_TIMEOUT, DEFAULT_TICK, Deadlines
 from webhook.index import IndexAllocator
 from webhook.memo import MutationCache
 from webhook.metrics import CONTENT_TYPE, WebhookMetrics
@@ -40,8 +41,6 @@ admission_log = BatchedLog(log)
 
 MAX_BODY_BYTES = 3 * 1024 * 1024
 # Below the API server's webhook timeoutSeconds (10 in the shipped configuration), so we answer first.
-DEFAULT_REQUEST_TIMEOUT = 8.0
-DEFAULT_SCHEDULER_NAME = "tensor-fusion-scheduler"
 
 MONITORING_MAX_BODY_BYTES = 64 * 1024
 

@@ -29,6 +29,8 @@ ENABLED_LABEL = _key("enabled")
 COMPONENT_LABEL = _key("component")
 WORKLOAD_LABEL = _key("workload")
 POOL_LABEL = _key("gpupool")
+# the schedulerName the webhook gives GPU pods, and the one the extender serves (TensorFusion's)
+DEFAULT_SCHEDULER_NAME = "tensor-fusion-scheduler"
 COMPONENT_WORKER = "worker"
 
 # Annotations a user (or a WorkloadProfile) sets

@@ -94,7 +94,17 @@ def _long_flag(action: argparse.Action) -> str:
                 action.option_strings[0])
 
 
+_ENV_PREFIX_ATTR = "tf_env_prefix"
+
+
+def env_prefix_of(parser: argparse.ArgumentParser) -> str | None:
+    """The environment prefix ``add_config_argument`` gave ``parser`` (None: no environment variables)."""
+    prefix = getattr(parser, _ENV_PREFIX_ATTR, None)
+    return prefix if isinstance(prefix, str) else None
+
+
 def add_config_argument(parser: argparse.ArgumentParser, env_prefix: str) -> None:
+    setattr(parser, _ENV_PREFIX_ATTR, env_prefix)  # for the flag reference's environment column
     parser.add_argument(CONFIG_FLAG, metavar="FILE.yaml", default=None,
                         help="read options from this YAML file, keys named as the flags without their dashes "
                              f"(bind-deadline: 30s); the command line and {env_prefix}_<FLAG> environment "
@@ -107,7 +117,8 @@ def load_yaml_file(path: str | Path) -> Any:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise OptionSourceError(f"{path}: cannot read: {exc}") from None
+        reason = exc.strerror.lower() if isinstance(exc, OSError) and exc.strerror else exc
+        raise OptionSourceError(f"{path}: cannot read: {reason}") from None
     try:
         return yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:

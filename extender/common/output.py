@@ -19,9 +19,11 @@ def add_output_argument(parser: argparse.ArgumentParser, default: str, json_form
                              f"document (default {default})")
 
 
-def table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> str:
-    """Left-aligned columns named in upper case; a list cell joined with commas, a missing one as ``-``."""
-    cells = [[c.upper() for c in columns]]
+def table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str],
+          headers: Mapping[str, str] | None = None) -> str:
+    """Left-aligned columns named in upper case (or as ``headers`` names them); a list cell joined with
+    commas, a missing one as ``-``."""
+    cells = [[(headers or {}).get(c, c.upper()) for c in columns]]
     for row in rows:
         cells.append([_cell(row.get(c)) for c in columns])
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]

@@ -64,3 +64,23 @@ def format_duration(seconds: float) -> str:
     if secs or fraction:
         parts.append(f"{secs + fraction:g}s")
     return "".join(parts)
+
+
+def format_age(seconds: float) -> str:
+    """An age as ``kubectl get`` prints one: ``45s``, ``5m30s``, ``25m``, ``3h20m``, ``20h``, ``3d4h``, ``8d``
+    (the precision fading with the age; negative ages read as ``0s``)."""
+    s = max(int(seconds), 0)
+    minutes, hours, days = s // 60, s // 3600, s // 86400
+    if s < 120:
+        return f"{s}s"
+    if minutes < 10:
+        return f"{minutes}m{s % 60}s" if s % 60 else f"{minutes}m"
+    if hours < 3:
+        return f"{minutes}m"
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    if days < 8:
+        return f"{days}d{hours % 24}h" if hours % 24 else f"{days}d"
+    return f"{days}d"

@@ -5,7 +5,11 @@ What is written:
 - each GPU object's ``status.available`` (``tflops``, ``vram``: capacity minus what the ledger hands out)
   and ``status.runningApps`` (the pods holding a share, grouped by workload, in TensorFusion's shape);
 - each GPUPool's status totals: ``totalNodes``, ``totalGPUs``, ``totalTFlops``, ``totalVRAM``,
-  ``allocatedTFlops``, ``allocatedVRAM``, ``availableTFlops``, ``availableVRAM``, ``partiallyUsedGPUs``.
+  ``allocatedTFlops``, ``allocatedVRAM``, ``availableTFlops``, ``availableVRAM``, ``partiallyUsedGPUs``;
+  and, as TensorFusion's pool controller writes them, ``phase`` (``Running`` when every node of the pool
+  is Ready, or it has none and no ``minResources``; ``Updating`` otherwise; ``Destroying`` while deleted),
+  ``readyNodes``, ``notReadyNodes`` and the ``Ready`` condition, whose message names the nodes at fault
+  (the other conditions, the capacity controllers', are kept as they are).
 
 How: a background task wakes every ``interval`` seconds, asks the cluster state which nodes changed since
 its last pass, computes the wanted status of their GPUs from the ledger, and patches (JSON merge patch on
@@ -33,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 
+from extender.common.conditions import with_condition
 from extender.common.contract import WORKLOAD_LABEL
 from extender.common.options import duration
 from extender.common.quantity import Format, format_quantity
@@ -52,7 +57,12 @@ GPU_KEYS = ("available", "runningApps")
 # GPUs plus pods compared between two yields to the event loop (about 10 ms of work)
 WORK_PER_SLICE = 200
 POOL_KEYS = ("totalNodes", "totalGPUs", "totalTFlops", "totalVRAM", "allocatedTFlops", "allocatedVRAM",
-             "availableTFlops", "availableVRAM", "partiallyUsedGPUs")
+             "availableTFlops", "availableVRAM", "partiallyUsedGPUs", "phase", "readyNodes", "notReadyNodes",
+             "conditions")
+# TensorFusion's pool phases (api/v1 TensorFusionPoolPhase) and its condition type (ConditionStatusTypeReady)
+PHASE_RUNNING, PHASE_UPDATING, PHASE_DESTROYING = "Running", "Updating", "Destroying"
+READY = "Ready"
+NAMED_NODES = 5  # nodes named in a condition message
 
 
 @dataclass(frozen=True)
@@ -183,6 +193,39 @@ class PoolTotals:
         }
 
 
+def node_ready(node: Mapping[str, Any] | None) -> bool:
+    """The Node's Ready condition is True (a Node not in the cache is not ready)."""
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in ((node or {}).get("status") or {}).get("conditions") or [])
+
+
+def _asks_capacity(pool: Mapping[str, Any]) -> bool:
+    """``spec.capacityConfig.minResources`` asks for TFLOPS or VRAM: the pool may not sit at zero nodes."""
+    minimum = (((pool.get("spec") or {}).get("capacityConfig") or {}).get("minResources")) or {}
+    return any(str(minimum.get(k) or "0").strip() not in ("0", "") for k in ("tflops", "vram"))
+
+
+def pool_health(pool: Mapping[str, Any], ready: Mapping[str, bool]) -> dict[str, Any]:
+    """The phase, node counts and Ready condition (no time) of ``pool`` whose nodes are ``ready``'s keys,
+    decided as TensorFusion's pool controller decides the phase."""
+    waiting = sorted(name for name, ok in ready.items() if not ok)
+    named = ", ".join(waiting[:NAMED_NODES]) + (f" and {len(waiting) - NAMED_NODES} more"
+                                                if len(waiting) > NAMED_NODES else "")
+    if (pool.get("metadata") or {}).get("deletionTimestamp"):
+        phase, status, reason, message = PHASE_DESTROYING, "False", "Deleting", "the GPUPool is being deleted"
+    elif waiting:
+        phase, status, reason = PHASE_UPDATING, "False", "NodesNotReady"
+        message = f"{len(waiting)} of {len(ready)} nodes not Ready: {named}"
+    elif not ready and _asks_capacity(pool):
+        phase, status, reason = PHASE_UPDATING, "False", "NoNodes"
+        message = "no GPU node in the pool yet, and capacityConfig.minResources asks for capacity"
+    else:
+        phase, status, reason = PHASE_RUNNING, "True", "NodesReady"
+        message = f"all {len(ready)} nodes Ready" if ready else "no nodes, none asked for (minResources 0)"
+    return {"phase": phase, "readyNodes": len(ready) - len(waiting), "notReadyNodes": len(waiting),
+            "condition": {"type": READY, "status": status, "reason": reason, "message": message}}
+
+
 def node_parts(gpus: Iterable[GPUView], no_pool: str | None = None) -> dict[str, PoolTotals]:
     """One node's contribution to each of its pools (GPUs without a pool under ``no_pool``, or left out)."""
     out: dict[str, PoolTotals] = {}
@@ -240,12 +283,13 @@ class Lookup(Protocol):
 class GPUStatusWriter:
     def __init__(self, state: ClusterState, api: StatusApi, *, gpus: Lookup, pools: Lookup, pods: Lookup,
                  settings: StatusSettings | None = None, registry: CollectorRegistry | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, nodes: Lookup | None = None) -> None:
         self.state = state
         self.api = api
         self.gpus = gpus
         self.pools = pools
         self.pods = pods
+        self.nodes = nodes  # Node objects, for the pools' phase (None: every node counts as Ready)
         self.settings = settings or StatusSettings()
         self.metrics = StatusMetrics(registry)
         self._clock = clock
@@ -307,11 +351,20 @@ class GPUStatusWriter:
                     out.append((node, gpu.name, wanted))
         return out
 
+    def _pool_health(self, name: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """The pool's phase, node counts and conditions (its Ready condition set among the others)."""
+        members = [node for node, parts in self._node_parts.items() if name in parts]
+        ready = {node: self.nodes is None or node_ready(self.nodes.get(node)) for node in members}
+        health = pool_health(obj, ready)
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        health["conditions"] = with_condition(conditions, health.pop("condition"))
+        return health
+
     def pool_writes(self) -> list[tuple[str, dict[str, Any]]]:
         out = []
         for obj in self.pools.list():
             name = str((obj.get("metadata") or {}).get("name"))
-            wanted = self._pool_sums.get(name, PoolTotals()).status()
+            wanted = {**self._pool_sums.get(name, PoolTotals()).status(), **self._pool_health(name, obj)}
             if self._due("gpupools", name, wanted, obj, POOL_KEYS):
                 out.append((name, wanted))
         return sorted(out, key=lambda w: w[0])
@@ -404,5 +457,5 @@ def build(deps: Deps, settings: StatusSettings | None) -> Built | None:
         return None
     writer = GPUStatusWriter(deps.state, KubeStatusApi(deps.api_client), gpus=deps.core.gpus or _NoObjects(),
                              pools=deps.core.gpupools, pods=deps.core.pods, settings=settings,
-                             registry=deps.registry)
+                             registry=deps.registry, nodes=deps.core.nodes)
     return Built(controllers=(Reconciler("gpu-status", writer.reconcile, caches=deps.core.all),), part=writer)

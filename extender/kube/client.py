@@ -143,6 +143,19 @@ def error_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def cli_error(exc: BaseException, what: str = "") -> str:
+    """One line for a command line user: the API server that cannot be reached, or the resource (``what``,
+    such as ``gpupools.tensor-fusion.ai``) and the server's answer, or the file at fault."""
+    from extender.common.cli import describe
+
+    if isinstance(exc, ApiException):
+        answer = error_message(exc)
+        if exc.status == 404 and what:
+            return f"the API server has no {what} ({answer}): is its CRD installed?"
+        return f"{what}: {answer}" if what else f"the API server answered {answer}"
+    return describe(exc)
+
+
 def _query_value(value: str | int | bool) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"

@@ -41,6 +41,7 @@ GPU_NODE_CLASSES = Resource("tensor-fusion.ai", "v1", "gpunodeclasses", "GPUNode
 GPU_NODES = Resource("tensor-fusion.ai", "v1", "gpunodes", "GPUNode", False)
 TENSOR_FUSION_CLUSTERS = Resource(
     "tensor-fusion.ai", "v1", "tensorfusionclusters", "TensorFusionCluster", False)
+GPU_RESOURCE_QUOTAS = Resource("tensor-fusion.ai", "v1", "gpuresourcequotas", "GPUResourceQuota", True)
 NODECLAIMS = Resource("karpenter.sh", "v1", "nodeclaims", "NodeClaim", False)
 NODEPOOLS = Resource("karpenter.sh", "v1", "nodepools", "NodePool", False)
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)

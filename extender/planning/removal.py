@@ -17,6 +17,7 @@ from enum import StrEnum
 from fractions import Fraction
 
 from extender.common.labels import SCHEDULING_DO_NOT_DISRUPT
+from extender.common.timefmt import format_age, format_duration
 from extender.planning.amounts import ZERO, Amount
 from extender.planning.pool import PoolConfig
 
@@ -95,8 +96,9 @@ def removal_decisions(config: PoolConfig, nodes: Sequence[PoolNode], now: dt.dat
         if _old_enough(node, now, protection_seconds):
             age = (now - node.created).total_seconds() if node.created else 0.0
             out[node.name] = Decision(node, NodeVerdict.RELEASE, (
-                f"empty for the pool's targets, {age:.0f}s old; min and warm capacity hold without it"))
+                f"empty for the pool's targets, {format_age(age)} old; min and warm capacity hold "
+                "without it"))
         else:
             out[node.name] = Decision(node, NodeVerdict.YOUNG, (
-                f"surplus but younger than the protection time ({protection_seconds:.0f}s)"))
+                f"surplus but younger than the protection time ({format_duration(protection_seconds)})"))
     return [out[name] for name in sorted(out)]

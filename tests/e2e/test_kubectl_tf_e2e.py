@@ -69,7 +69,7 @@ def test_kubectl_tf_status_reads_the_context_it_is_given(
 
     down = _plugin(kubeconfig, "status")  # the current context: nothing listens there
     assert down.returncode == 1 and len(down.stderr.strip().splitlines()) == 1, down.stderr
-    assert down.stderr.startswith("kubectl tf status: cannot read the cluster: ")
+    assert down.stderr.startswith("kubectl tf status: error: cannot reach the API server at https://127.0.0.1:")
     assert "Traceback" not in down.stderr
 
 
@@ -95,3 +95,40 @@ def test_kubectl_tf_status_watch_prints_screens_until_interrupted(kubeconfig, gp
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_kubectl_tf_snapshot_feeds_simulate_plan_and_mutate(
+        kubeconfig, api_client, gpu_cluster, namespace, make_pool, make_gpu, make_node, extender, tmp_path):
+    """One command takes what the offline tools read; each reads it as written, and sees the live cluster:
+    a pod that fits where the scheduler placed its twin, and the pool's own SchedulingConfigTemplate."""
+    pool = make_pool("CompactFirst")
+    node = f"ks-{uuid.uuid4().hex[:6]}"
+    make_gpu(f"{node}-gpu-0", node, pool=pool, index=0, **CAP)
+    make_node(node)
+    extender.wait_node_allocated(node, 0.0)
+    cpl.create_pod(api_client, namespace, cpl.gpu_pod_body("live", pool=pool, tflops="60", vram="20Gi"))
+    cpl.placement(api_client, namespace, "live")
+
+    snapshot = tmp_path / "snap.yaml"
+    out = _plugin(kubeconfig, "snapshot", "--context", "e2e", "-f", str(snapshot))
+    assert out.returncode == 0, out.stderr
+    objects = [o for o in yaml.safe_load_all(snapshot.read_text()) if o]
+    kinds = {o["kind"] for o in objects}
+    assert {"Node", "GPU", "GPUPool", "SchedulingConfigTemplate", "Pod"} <= kinds, kinds
+    assert all(o.get("apiVersion") and "managedFields" not in o["metadata"] for o in objects)
+    assert any(o["kind"] == "Pod" and o["metadata"]["name"] == "live" for o in objects)
+
+    pods = tmp_path / "pods.yaml"
+    pods.write_text(yaml.safe_dump_all([cpl.gpu_pod_body(name, pool=pool, tflops=t, vram="10Gi")
+                                        for name, t in (("fits", "40"), ("too-big", "41"))]))
+    sim = _plugin(kubeconfig, "simulate", "--cluster", str(snapshot), "--pods", str(pods),
+                  "--fail-on-unplaced")
+    assert sim.returncode == 3, sim  # the 60 TFLOPS already placed leave room for 40, not 41 more
+    placed = [json.loads(line) for line in sim.stdout.splitlines()]
+    assert [(p["pod"].split("/")[-1], p["node"]) for p in placed] == [("fits", node), ("too-big", None)]
+
+    plan = _plugin(kubeconfig, "plan", "--cluster", str(snapshot), "-o", "table")
+    assert plan.returncode == 0 and plan.stdout.startswith("ACTION"), plan
+
+    mutated = _plugin(kubeconfig, "mutate", "--pod", str(pods), "--objects", str(snapshot))
+    assert mutated.returncode == 2 and "found 2 documents" in mutated.stderr  # one object at a time

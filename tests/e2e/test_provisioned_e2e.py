@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -421,6 +422,35 @@ def test_a_pool_whose_node_class_does_not_exist_says_so(
     )
     assert cond["reason"] == "NodeClassNotFound" and pool in cond["message"]
     assert not claims_of(api_client, pool)
+
+
+def test_a_pool_whose_every_offering_is_out_of_capacity_says_so_once_not_that_its_requirements_match_nothing(
+    provisioned: CloudInit, make_pool: Callable[..., str], api_client: Any, ec2: Any
+) -> None:
+    """Its one offering refused (g6.xlarge in us-east-1b, which no other test of the module asks for): one
+    CapacityBackoff event with the cloud's words and the next try, the condition CapacityAvailable False,
+    and never NoEligibleInstanceType, while passes go on every few seconds."""
+    from kubernetes import client
+
+    _, proxy, _world = ec2
+    proxy.refuse.add(("g6.xlarge", "us-east-1b"))
+    try:
+        pool = make_pool(1, types=("g6.xlarge",), zones=("us-east-1b",))
+        (event,) = cpl.wait_until(
+            lambda: cpl.object_events(api_client, "GPUPool", pool, "CapacityBackoff"), 60, interval=1,
+            what="a CapacityBackoff event")
+        assert "g6.xlarge (on-demand in us-east-1b)" in event.message and "next try at" in event.message
+        time.sleep(10 * cpl.TIMEOUT_SCALE)  # passes go on: the same back-off is news once
+        events = cpl.object_events(api_client, "GPUPool", pool, "CapacityBackoff")
+        assert len(events) == 1 and (events[0].count or 1) == 1, [(e.message, e.count) for e in events]
+        assert not cpl.object_events(api_client, "GPUPool", pool, "NoEligibleInstanceType")
+        obj = client.CustomObjectsApi(api_client).get_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION,
+                                                                            "gpupools", pool)
+        (available,) = [c for c in obj["status"]["conditions"] if c["type"] == "CapacityAvailable"]
+        assert (available["status"], available["reason"]) == ("False", "CapacityBackoff")
+        assert available["message"] == event.message
+    finally:
+        proxy.refuse.clear()
 
 
 # Last in the module: the only test without --computing-vendor (the extender restarts once for it).

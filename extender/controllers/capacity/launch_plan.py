@@ -31,6 +31,8 @@ MAX_RESOURCE_CONSTRAINT = "MaxResourceConstraintReached"
 NODECLASS_NOT_FOUND = "NodeClassNotFound"
 INVALID_POOL = "InvalidPoolConfig"
 NO_INSTANCE_TYPE = "NoEligibleInstanceType"
+# every offering the gpuRequirements allow is in capacity back-off (the cloud had none of it lately)
+CAPACITY_BACKOFF = "CapacityBackoff"
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,12 @@ def pending_demand(inputs: Inputs, config: PoolConfig, nodes: Sequence[str],
     return total, holding
 
 
+def offering_text(key: Sequence[str]) -> str:
+    """``g5.xlarge (spot in us-east-1a)`` for an offering's (instance type, capacity type, zone)."""
+    instance, capacity, zone = key
+    return f"{instance} ({capacity}{' in ' + zone if zone else ''})"
+
+
 def _launch_action(config: PoolConfig, launch: Launch, needed: Gap) -> Action:
     offer = launch.offering
     return Action("launch", config.name, needed.reason, details={
@@ -132,8 +140,9 @@ def plan_pool(inputs: Inputs, config: PoolConfig) -> list[Action]:
                       "can be launched")]
     nodes = inputs.pool_nodes(config.name)
     capacity = inputs.capacity(config.name, nodes)
-    offers = [o for o in offerings(inputs.catalog, config.requirements)
-              if o.sort_key not in inputs.unavailable]
+    matching = offerings(inputs.catalog, config.requirements)
+    offers = [o for o in matching if o.sort_key not in inputs.unavailable]
+    backed_off = [o for o in matching if o.sort_key in inputs.unavailable]
     demand, holding = pending_demand(inputs, config, [n.name for n in nodes], offers)
     needed = gap(config, capacity, demand)
     if needed.is_zero:
@@ -142,8 +151,15 @@ def plan_pool(inputs: Inputs, config: PoolConfig) -> list[Action]:
         offers = holding  # buy nodes the waiting pods can actually use
     choice = cheapest(offers, needed.amount, room(config, capacity))
     actions = [_launch_action(config, launch, needed) for launch in choice.launches]
-    if not choice.launches and not choice.max_reached:
-        actions.append(_skip(config, NO_INSTANCE_TYPE, f"{choice.reason}; {needed.reason}"))
+    if not choice.launches and not choice.max_reached and backed_off and not offers:
+        # the requirements match: the cloud is out of every offering they allow, for now
+        actions.append(Action("skip", config.name, (
+            f"every offering the pool's gpuRequirements allow is in capacity back-off: "
+            f"{', '.join(offering_text(o.sort_key) for o in backed_off)}; {needed.reason}"),
+            details={"event": CAPACITY_BACKOFF, "offerings": [list(o.sort_key) for o in backed_off]}))
+    elif not choice.launches and not choice.max_reached:
+        aside = f" ({len(backed_off)} more in capacity back-off)" if backed_off else ""
+        actions.append(_skip(config, NO_INSTANCE_TYPE, f"{choice.reason}{aside}; {needed.reason}"))
     if choice.max_reached:
         assert config.max is not None
         actions.append(_skip(config, MAX_RESOURCE_CONSTRAINT, (

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from kubernetes import client
 
+from extender.common.conditions import with_condition
 from extender.controllers.capacity.config import CapacityConfig
 from extender.controllers.runner import Synced
 from extender.kube.client import api_call, error_message, get_or_none, not_found, request_json
@@ -200,16 +201,10 @@ async def write_condition(port: KubePort, pool: Mapping[str, Any], name: str,
     """Set one condition of a GPUPool's status (type, status, reason, message), keeping the others; nothing
     is written when it already reads so, and the transition time changes only with the status."""
     conditions = list((pool.get("status") or {}).get("conditions") or [])
-    current = next((c for c in conditions if c.get("type") == wanted["type"]), None)
-    if current is not None and all(current.get(k) == v for k, v in wanted.items()):
+    merged = with_condition(conditions, wanted)
+    if merged == conditions:
         return
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    if current is not None and current.get("status") == wanted["status"] and \
-            current.get("lastTransitionTime"):
-        stamp = str(current["lastTransitionTime"])
-    others = [c for c in conditions if c.get("type") != wanted["type"]]
     try:
-        await port.patch(GPU_POOLS, name, {"status": {"conditions": [
-            *others, {**wanted, "lastTransitionTime": stamp}]}}, subresource="status")
+        await port.patch(GPU_POOLS, name, {"status": {"conditions": merged}}, subresource="status")
     except Exception as exc:
         log.warning("pool condition not written", extra={"pool": name, "error": error_message(exc)})

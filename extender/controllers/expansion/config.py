@@ -7,13 +7,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from extender.common.contract import DEFAULT_SCHEDULER_NAME
 from extender.common.options import duration
 
 DEFAULT_DELAY_SECONDS = 10.0
 DEFAULT_MAX_IN_FLIGHT = 15
 DEFAULT_CLAIM_TIMEOUT_SECONDS = 900.0
 DEFAULT_NAMESPACE = "tensor-fusion-sys"
-DEFAULT_SCHEDULER_NAME = "tensor-fusion-scheduler"
 
 ENV_ENABLED = "TF_EXPANSION_ENABLED"
 ENV_DELAY = "TF_EXPANSION_DELAY_SECONDS"

@@ -204,7 +204,7 @@ def test_karpenter_mode_releases_by_deleting_its_nodeclaim() -> None:
     ("args", "message"),
     [
         (["--now", "yesterday"], "not an RFC 3339 time"),
-        (["--catalog", "/nonexistent/catalog.yaml"], "No such file"),
+        (["--catalog", "/nonexistent/catalog.yaml"], "/nonexistent/catalog.yaml: no such file"),
     ],
 )
 def test_bad_arguments_exit_2(
@@ -253,8 +253,11 @@ def test_plan_prints_a_table_or_yaml_on_request(tmp_path: Path, capsys: pytest.C
                                                                       ("launch", "small.x1")]
     else:
         lines = out.splitlines()
-        assert lines[0].split() == ["ACTION", "POOL", "NODE", "REASON"]
-        assert [line.split()[:3] for line in lines[1:]] == [["launch", "kp", "-"], ["launch", "kp", "-"]]
+        assert lines[0].split() == ["ACTION", "POOL", "NODE", "INSTANCE", "TYPE", "CAPACITY", "COUNT",
+                                    "$/HOUR", "REASON"]
+        rows = [line.split()[:7] for line in lines[1:]]
+        assert [r[:4] for r in rows] == [["launch", "kp", "-", "big.x4"], ["launch", "kp", "-", "small.x1"]]
+        assert all(r[5].isdigit() and float(r[6]) > 0 for r in rows), rows  # the count and the hourly price
 
 
 def test_a_pending_pod_its_quota_holds_is_a_quota_hold_and_no_demand(

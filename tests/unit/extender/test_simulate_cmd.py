@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -112,3 +113,22 @@ def test_quotas_in_the_cluster_hold_the_pods_their_totals_refuse() -> None:
     assert [(r["pod"], r["node"] is not None, r.get("heldByQuota", False)) for r in results] == [
         ("ml/one", True, False), ("ml/two", False, True), ("ml/three", False, True), ("ml/huge", False, True)]
     assert "used 80 TFLOPS, requested 50 TFLOPS, cap 100 TFLOPS" in results[1]["reason"]
+
+
+@pytest.mark.parametrize(("pods", "flag", "code"), [
+    (PODS, "--fail-on-unplaced", 3),  # "huge" finds no node
+    (PODS, "--no-fail-on-unplaced", 0),
+    (PODS[:2], "--fail-on-unplaced", 0),  # every pod placed
+])
+def test_fail_on_unplaced_gates_ci_on_pods_that_found_no_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], pods: list[dict[str, Any]], flag: str, code: int
+) -> None:
+    cluster, pod_file = tmp_path / "cluster.yaml", tmp_path / "pods.yaml"
+    cluster.write_text(yaml.safe_dump_all(CLUSTER))
+    pod_file.write_text(yaml.safe_dump_all(pods))
+    parser = argparse.ArgumentParser()
+    add_simulate_arguments(parser)
+    args = parser.parse_args(["--cluster", str(cluster), "--pods", str(pod_file), flag])
+    assert main_simulate(args) == code
+    err = capsys.readouterr().err
+    assert ("1 of 4 pods unplaced" in err) == (code == 3)

@@ -171,3 +171,32 @@ def test_quotas_used_and_total_per_namespace():
     text = render_table(report)
     assert ("  ml: requests 130/200 TFLOPS, 8Gi/100Gi VRAM; limits 130/- TFLOPS, 8Gi/- VRAM; "
             "workers 2/10") in text
+
+
+@pytest.mark.parametrize(("answer", "code", "stderr"), [
+    # no TensorFusion CRDs: the report still comes, and one line names what the API server lacks
+    (404, 0, "tf-extender status: note: the API server has no gpus.tensor-fusion.ai, "
+             "gpupools.tensor-fusion.ai, schedulingconfigtemplates.tensor-fusion.ai, "
+             "gpunodeclaims.tensor-fusion.ai, gpuresourcequotas.tensor-fusion.ai: install "),
+    # no right to list them: the resource at fault, and the server's words
+    (403, 1, "tf-extender status: error: gpus.tensor-fusion.ai: HTTP 403: gpus is forbidden\n"),
+])
+def test_status_names_the_resource_the_api_server_does_not_serve(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], answer: int, code: int,
+        stderr: str) -> None:
+    from extender.kube.client import ApiException
+
+    def request_json(_api: Any, _method: str, path: str, **_kw: Any) -> dict[str, Any]:
+        if path.startswith("/apis/tensor-fusion.ai/"):
+            exc = ApiException(status=answer, reason="Not Found" if answer == 404 else "Forbidden")
+            exc.body = json.dumps({"message": "gpus is forbidden"}) if answer == 403 else "404 page not found"
+            raise exc
+        return {"items": []}
+
+    monkeypatch.setattr("extender.kube.client.request_json", request_json)
+    monkeypatch.setattr("extender.kube.client.load_api_client", lambda _path, context=None: Closable())
+    assert cli.main(["status", "-o", "json"]) == code
+    captured = capsys.readouterr()
+    assert captured.err.startswith(stderr) and len(captured.err.splitlines()) == 1, captured.err
+    if code == 0:
+        assert json.loads(captured.out) == {"pools": [], "quotas": []}

@@ -51,7 +51,7 @@ def test_every_subcommand_is_the_projects_own_with_its_flags() -> None:
     from extender.status_cmd import main_status
     from webhook.cli import run_mutate
 
-    runs = {name: parser.parse_args([name, *args]).run for name, args in (
+    runs = {name: cli._function(*parser.parse_args([name, *args]).run) for name, args in (
         ("status", []), ("plan", ["--cluster", "c"]), ("simulate", ["--cluster", "c", "--pods", "p"]),
         ("mutate", ["--pod", "p"]))}
     assert runs == {"status": main_status, "plan": main_plan, "simulate": main_simulate, "mutate": run_mutate}
@@ -62,7 +62,7 @@ def test_every_subcommand_is_the_projects_own_with_its_flags() -> None:
     (["status", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["status", "--watch-interval", "soon"], "'soon' is not a duration"),
     (["simulate", "--pods", "p.yaml"], "the following arguments are required: --cluster"),
-    ([], "the following arguments are required: COMMAND"),
+    (["crds"], "invalid choice: 'crds'"),
 ])
 def test_usage_errors_are_one_line(argv: list[str], needle: str) -> None:
     line = _one_line_error(_run(*argv), 2)
@@ -85,7 +85,8 @@ def test_an_unknown_context_is_one_line(tmp_path: Path) -> None:
     kubeconfig.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "clusters": [], "users": [],
                                           "contexts": [], "current-context": ""}))
     line = _one_line_error(_run("status", "--kubeconfig", str(kubeconfig), "--context", "prod"), 2)
-    assert line.startswith("kubectl tf status: cannot load Kubernetes configuration") and "'prod'" in line
+    assert line.startswith("kubectl tf status: error: cannot load Kubernetes configuration")
+    assert "'prod'" in line
 
 
 def test_an_unexpected_failure_is_one_line_without_traceback(monkeypatch: pytest.MonkeyPatch,
@@ -93,9 +94,16 @@ def test_an_unexpected_failure_is_one_line_without_traceback(monkeypatch: pytest
     def boom(_args: object) -> int:
         raise RuntimeError("the ledger\nfell over")
 
-    monkeypatch.setitem(cli.COMMANDS, "version", (cli.COMMANDS["version"][0], lambda _p: None, boom))
-    assert cli.main(["version"]) == 1
-    assert capsys.readouterr().err == "kubectl tf version: error: RuntimeError: the ledger fell over\n"
+    monkeypatch.setattr(cli, "_boom", boom, raising=False)
+    monkeypatch.setitem(cli.COMMANDS, "status", ("fails", "kubectl_tf.cli", "_add_no_arguments", "_boom"))
+    assert cli.main(["status"]) == 1
+    assert capsys.readouterr().err == "kubectl tf status: error: the ledger fell over\n"
+
+
+def test_kubectl_tf_alone_prints_its_help() -> None:
+    proc = _run()
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout.startswith("usage: kubectl tf") and "snapshot" in proc.stdout
 
 
 def test_simulate_through_the_plugin_is_tf_extender_simulate(tmp_path: Path,

@@ -31,7 +31,7 @@ def _dockerfile_instructions() -> list[tuple[str, str]]:
 
 def _tf_commands(text: str) -> set[str]:
     """Words tf-<name> that are not the start of a longer name (the object name tf-scheduling-config)."""
-    return set(re.findall(r"\b(?:tf-[a-z]+|kubectl-tf)\b(?![-.])", text))
+    return set(re.findall(r"\b(?:tf-[a-z]+|kubectl-tf|kubectl_complete-tf)\b(?![-.])", text))
 
 
 def test_dockerfile_is_multi_stage_and_runs_as_non_root() -> None:

@@ -47,3 +47,15 @@ def test_check_mode_names_the_command_to_run(tmp_path: Path, capsys: pytest.Capt
     assert "run `make docs`" in capsys.readouterr().err
     assert docgen.main(["--root", str(tmp_path)]) == 0
     assert docgen.main(["--check", "--root", str(tmp_path)]) == 0
+
+
+def test_the_serve_flags_name_the_environment_variable_that_sets_them() -> None:
+    from tools.docgen import flags_markdown
+
+    text = flags_markdown()
+    assert "| `--bind-deadline` | `TF_EXTENDER_BIND_DEADLINE` | `55s` |" in text
+    assert "| `--request-timeout` | `TF_WEBHOOK_REQUEST_TIMEOUT` | `8s` |" in text
+    assert "| `--config` | `TF_EXTENDER_CONFIG` |" in text
+    # commands that read no environment keep three columns
+    plan = text.split("### `tf-extender plan`", 1)[1].split("###", 1)[0]
+    assert "| flag | default | what it does |" in plan and "environment" not in plan

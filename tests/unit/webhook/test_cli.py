@@ -83,9 +83,10 @@ def test_pod_without_opt_in_is_printed_unchanged(tmp_path: Path, capsys: pytest.
 
 @pytest.mark.parametrize(
     ("pod_text", "needle"),
-    [("kind: Deployment\n", "expected exactly one object of kind Pod"),
+    [("kind: Deployment\n", "Deployment has no spec.template"),
+     ("kind: Service\n", "kind 'Service' has no pods"),
      ("kind: [", "not valid YAML"),
-     ("kind: Pod\n---\nkind: Pod\n", "expected exactly one object of kind Pod")],
+     ("kind: Pod\n---\nkind: Pod\n", "expected exactly one object (a Pod or a workload), found 2")],
 )
 def test_bad_input_files_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], pod_text: str,
                                 needle: str) -> None:
@@ -109,5 +110,46 @@ def test_serve_requires_a_cert_dir(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_serve_with_unusable_certificates_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("webhook.cli.setup_logging", lambda level: None)
+    monkeypatch.setattr("extender.common.logs.setup_logging", lambda level: None)
     assert main(["serve", "--cert-dir", str(tmp_path), "--port", "0", "--log-level", "error"]) == 1
+
+
+def _workload(kind: str, api_version: str, pod_spec: dict[str, Any]) -> dict[str, Any]:
+    template = {"metadata": {k: v for k, v in pod_spec["metadata"].items() if k not in ("name", "namespace")},
+                "spec": pod_spec["spec"]}
+    spec: dict[str, Any] = {"template": template}
+    if kind == "CronJob":
+        spec = {"schedule": "@daily", "jobTemplate": {"spec": {"template": template}}}
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": "trainer", "namespace": "team"},
+            "spec": spec}
+
+
+@pytest.mark.parametrize(("kind", "api_version"), [
+    ("Deployment", "apps/v1"), ("StatefulSet", "apps/v1"), ("Job", "batch/v1"), ("CronJob", "batch/v1"),
+    ("DaemonSet", "apps/v1"), ("ReplicaSet", "apps/v1"),
+])
+def test_mutate_takes_a_workload_and_shows_the_pod_its_template_makes(
+    tmp_path: Path, objects_file: Path, capsys: pytest.CaptureFixture[str], kind: str, api_version: str
+) -> None:
+    workload = _workload(kind, api_version, pod(tf(tflops_request="2")))
+    path = write(tmp_path, "workload.yaml", workload)
+    assert main(["mutate", "--pod", str(path), "--objects", str(objects_file)]) == 0
+    out = yaml.safe_load(capsys.readouterr().out)
+    assert out["kind"] == "Pod" and out["metadata"]["namespace"] == "team"
+    assert out["metadata"]["labels"]["tensor-fusion.ai/workload"] == "trainer"
+    assert out["metadata"]["annotations"]["tensor-fusion.ai/tflops-request"] == "2"
+    assert out["spec"]["schedulerName"] == "tensor-fusion-scheduler"
+
+
+def test_mutate_reports_every_denial_of_a_manifest_at_once(
+    tmp_path: Path, objects_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = pod(tf(tflops_request="lots", isolation="total", vram_request="-1Gi"))
+    path = write(tmp_path, "deploy.yaml", _workload("Deployment", "apps/v1", bad))
+    assert main(["mutate", "--pod", str(path), "--objects", str(objects_file)]) == 1
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert captured.out == "" and all(line.startswith("denied: ") for line in lines), lines
+    assert len(lines) == 3, lines
+    for needle in ('tflops-request="lots"', 'isolation="total"', 'vram-request="-1Gi"'):
+        assert sum(needle in line for line in lines) == 1, (needle, lines)

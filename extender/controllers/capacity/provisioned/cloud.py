@@ -121,6 +121,7 @@ class Cloud:
         self.lock = asyncio.Lock()
         self.vendors: dict[VendorKey, Vendor] = {}  # one provider per distinct computingVendor
         self.unavailable: dict[tuple[str, str, str], float] = {}  # offering -> monotonic end of back-off
+        self.unavailable_why: dict[tuple[str, str, str], str] = {}  # offering -> the cloud's error
         self.held: dict[str, tuple[float, str]] = {}  # pool -> (end of hold, why)
         self.checked: dict[str, float] = {}  # claim -> monotonic time its VM was last described
         self.swept: dict[VendorKey, float] = {}

@@ -24,12 +24,18 @@ from extender.controllers.capacity.gpunodeclaim import (
     claim_name,
     gpunodeclaim_body,
 )
-from extender.controllers.capacity.launch_plan import LaunchPayload, plan_launches
+from extender.controllers.capacity.launch_plan import CAPACITY_BACKOFF, LaunchPayload, plan_launches
 from extender.controllers.capacity.port import write_condition
+from extender.controllers.capacity.provisioned.backoff import EVENT as BACKOFF_EVENT
+from extender.controllers.capacity.provisioned.backoff import (
+    BackoffReport,
+    backoff_message,
+    provisioning_phase,
+)
 from extender.controllers.capacity.provisioned.cloud import Cloud, Picture
 from extender.controllers.capacity.vendors import VendorChoice, VendorKey, recorded_text
 from extender.kube.client import error_message
-from extender.kube.resources import GPU_NODE_CLAIMS, GPU_NODE_CLASSES
+from extender.kube.resources import GPU_NODE_CLAIMS, GPU_NODE_CLASSES, GPU_POOLS
 from extender.planning.action import Action
 from extender.planning.pool import PoolConfig
 from extender.scheduling.inventory import object_name
@@ -45,6 +51,8 @@ class Launch:
 
     def __init__(self, cloud: Cloud) -> None:
         self.cloud = cloud
+        self.backoff = BackoffReport()
+        self._backoff_messages: dict[str, str] = {}  # pool -> why all its offerings wait, this pass
 
     async def reconcile(self, now: dt.datetime) -> list[Action]:
         return await self.cloud.turn(lambda picture: self._pass(picture, now)) or []
@@ -61,11 +69,45 @@ class Launch:
             if problem is not None:
                 problems[config.name] = problem
         ready = [c for c in picture.configs if c.name not in problems]
+        self._backoff_messages = {}
         actions = await self._launches(ready, classes, picture.pool_choice, picture.providers, now,
                                        problems)
         for config in picture.configs:
             await self._condition(config, picture.pool_choice[config.name], problems.get(config.name))
+            if config not in ready:  # not planned: NodeProvisionerReady says why
+                continue
+            backoff = self._backoff_messages.get(config.name)
+            if backoff is None:
+                self.backoff.clear(config.name)
+            await write_condition(cloud.port, cloud.view.pools.get(config.name) or {}, config.name,
+                                  BackoffReport.condition(backoff))
+        for config in picture.configs:
+            await self._provisioning_phase(config.name, picture.claims)
         return actions
+
+    async def _provisioning_phase(self, name: str, claims: list[dict[str, Any]]) -> None:
+        phase = provisioning_phase(name, claims)
+        pool = self.cloud.view.pools.get(name) or {}
+        if phase is None or (pool.get("status") or {}).get("provisioningPhase") == phase:
+            return
+        try:
+            await self.cloud.port.patch(GPU_POOLS, name, {"status": {"provisioningPhase": phase}},
+                                        subresource="status")
+        except Exception as exc:
+            log.warning("pool provisioningPhase not written",
+                        extra={"pool": name, "error": error_message(exc)})
+
+    def _report_backoff(self, pool: Mapping[str, Any], action: Action, now: dt.datetime) -> None:
+        """All of a pool's offerings wait out a capacity back-off: a Warning event once per change."""
+        cloud = self.cloud
+        offerings = [(str(a), str(b), str(c)) for a, b, c in action.details.get("offerings") or []]
+        def make() -> str:
+            return backoff_message(offerings, cloud.unavailable_why, cloud.unavailable, time.monotonic(), now)
+
+        message, news = self.backoff.news(action.pool, offerings, cloud.unavailable_why, make)
+        self._backoff_messages[action.pool] = message
+        if news:
+            cloud.port.record(pool, BACKOFF_EVENT, message, "Warning")
 
     def _node_class_problem(
         self, config: PoolConfig, classes: dict[str, NodeClass]
@@ -112,7 +154,9 @@ class Launch:
                 }
                 log.info("plan", extra={"plan": action.as_json()})
                 done.append(action)
-                if action.action == "skip":
+                if action.action == "skip" and action.details.get("event") == CAPACITY_BACKOFF:
+                    self._report_backoff(pool, action, now)
+                elif action.action == "skip":
                     self.cloud.port.record(
                         pool, str(action.details.get("event") or "Skipped"), action.reason, "Warning"
                     )
@@ -219,6 +263,7 @@ async def create_instance(
         offering = (request.instance_type, request.capacity_type, request.zone)
         if isinstance(exc, CapacityUnavailable):
             cloud.unavailable[offering] = time.monotonic() + cloud.config.capacity_backoff_seconds
+            cloud.unavailable_why[offering] = " ".join(str(exc).split())
             message = (
                 f"{request.instance_type} ({request.capacity_type}"
                 f"{' in ' + request.zone if request.zone else ''}) not available: {exc}; trying the "

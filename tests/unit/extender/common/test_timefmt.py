@@ -13,7 +13,7 @@ import datetime as dt
 
 import pytest
 
-from extender.common.timefmt import parse_duration, parse_time
+from extender.common.timefmt import format_age, parse_duration, parse_time
 
 UTC = dt.UTC
 
@@ -75,3 +75,11 @@ def test_bad_durations(text: str) -> None:
     with pytest.raises(ValueError):
         parse_duration(text)
 
+
+
+@pytest.mark.parametrize(("seconds", "age"), [
+    (-3, "0s"), (0, "0s"), (45, "45s"), (119, "119s"), (330, "5m30s"), (300, "5m"), (1500, "25m"),
+    (12000, "3h20m"), (72000, "20h"), (273600, "3d4h"), (29056997, "336d"), (8 * 86400 + 5, "8d"),
+])
+def test_ages_read_as_kubectl_prints_them(seconds: float, age: str) -> None:
+    assert format_age(seconds) == age

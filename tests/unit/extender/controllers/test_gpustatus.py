@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from extender.controllers.gpustatus import WORK_PER_SLICE, GPUStatusWriter, StatusSettings, stored_part
+from extender.controllers.gpustatus import (
+    WORK_PER_SLICE,
+    GPUStatusWriter,
+    StatusSettings,
+    pool_health,
+    stored_part,
+)
 from extender.scheduling.state import ClusterState, Kind
 from tests.unit.fixtures.fakes import POOL, gpu, pod
 
@@ -110,10 +116,13 @@ def test_first_pass_writes_every_gpu_and_the_pool_then_nothing_until_a_change():
         ]}]
     assert store.objects[("gpus", "g1")]["status"]["available"]["vram"] == "80Gi"
     assert store.objects[("gpus", "g2")]["status"]["runningApps"] == []
-    pool = store.objects[("gpupools", POOL)]["status"]
+    pool = dict(store.objects[("gpupools", POOL)]["status"])
+    conditions = pool.pop("conditions")
     assert pool == {"totalNodes": 2, "totalGPUs": 3, "totalTFlops": "300", "totalVRAM": "160Gi",
                     "allocatedTFlops": "40", "allocatedVRAM": "8Gi", "availableTFlops": "260",
-                    "availableVRAM": "152Gi", "partiallyUsedGPUs": 1}
+                    "availableVRAM": "152Gi", "partiallyUsedGPUs": 1,
+                    "phase": "Running", "readyNodes": 2, "notReadyNodes": 0}  # no Node cache: all Ready
+    assert [(c["type"], c["status"], c["reason"]) for c in conditions] == [("Ready", "True", "NodesReady")]
     store.writes.clear()
     clock.now += 100  # a pass with nothing changed writes nothing
     asyncio.run(writer.step())
@@ -293,3 +302,67 @@ def test_a_pass_over_many_nodes_lets_other_work_run_in_between():
 
     asyncio.run(main())
     assert ticks >= 2  # at least once per slice of work
+
+
+def _node(name: str, ready: str | None) -> dict[str, Any]:
+    conditions = [] if ready is None else [{"type": "Ready", "status": ready}]
+    return {"metadata": {"name": name}, "status": {"conditions": conditions}}
+
+
+@pytest.mark.parametrize(("pool", "ready", "phase", "status", "reason", "message"), [
+    ({}, {"n1": True, "n2": True}, "Running", "True", "NodesReady", "all 2 nodes Ready"),
+    ({}, {"n1": True, "n2": False}, "Updating", "False", "NodesNotReady", "1 of 2 nodes not Ready: n2"),
+    ({}, {f"n{i}": False for i in range(8)}, "Updating", "False", "NodesNotReady",
+     "8 of 8 nodes not Ready: n0, n1, n2, n3, n4 and 3 more"),
+    ({}, {}, "Running", "True", "NodesReady", "no nodes, none asked for (minResources 0)"),
+    ({"spec": {"capacityConfig": {"minResources": {"tflops": "0", "vram": "0"}}}}, {}, "Running", "True",
+     "NodesReady", "no nodes"),
+    ({"spec": {"capacityConfig": {"minResources": {"tflops": "100"}}}}, {}, "Updating", "False", "NoNodes",
+     "minResources asks for capacity"),
+    ({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}, {"n1": True}, "Destroying", "False",
+     "Deleting", "being deleted"),
+])
+def test_pool_phase_is_tensorfusions_and_the_ready_condition_names_the_cause(
+    pool: dict[str, Any], ready: dict[str, bool], phase: str, status: str, reason: str, message: str
+) -> None:
+    health = pool_health(pool, ready)
+    assert health["phase"] == phase
+    assert health["readyNodes"] + health["notReadyNodes"] == len(ready)
+    condition = health["condition"]
+    assert (condition["type"], condition["status"], condition["reason"]) == ("Ready", status, reason)
+    assert message in condition["message"]
+
+
+def test_a_node_going_not_ready_moves_the_pool_to_updating_and_back_keeping_other_conditions():
+    _state, store, writer, clock = _setup()
+    nodes = {"n1": _node("n1", "True"), "n2": _node("n2", "True")}
+    writer.nodes = type("Nodes", (), {"get": lambda self, name, namespace=None: nodes.get(name),
+                                      "list": lambda self: list(nodes.values())})()
+    capacity = {"type": "NodeProvisionerReady", "status": "True", "reason": "Ready", "message": "ok",
+                "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    store.objects[("gpupools", POOL)]["status"] = {"conditions": [capacity]}
+    asyncio.run(writer.step())
+    status = store.objects[("gpupools", POOL)]["status"]
+    assert status["phase"] == "Running" and status["conditions"][0] == capacity
+    since = status["conditions"][1]["lastTransitionTime"]
+
+    nodes["n2"] = _node("n2", "Unknown")
+    clock.now += 10
+    asyncio.run(writer.step())
+    status = store.objects[("gpupools", POOL)]["status"]
+    assert (status["phase"], status["readyNodes"], status["notReadyNodes"]) == ("Updating", 1, 1)
+    ready = status["conditions"][1]
+    assert ready["reason"] == "NodesNotReady" and ready["message"] == "1 of 2 nodes not Ready: n2"
+    assert status["conditions"][0] == capacity
+
+    store.writes.clear()
+    clock.now += 10
+    asyncio.run(writer.step())
+    assert store.writes == []  # nothing changed: nothing written, the transition time stays
+
+    nodes["n2"] = _node("n2", "True")
+    clock.now += 10
+    asyncio.run(writer.step())
+    status = store.objects[("gpupools", POOL)]["status"]
+    assert status["phase"] == "Running" and status["conditions"][1]["status"] == "True"
+    assert status["conditions"][1]["lastTransitionTime"] >= since

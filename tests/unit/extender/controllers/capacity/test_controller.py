@@ -155,8 +155,10 @@ async def test_provisioned_mode_launches_registers_terminates_and_sweeps(
     assert created["metadata"]["finalizers"] == [PROVISIONED_FINALIZER]
     assert provider.calls[-1] == ("create", name)
     assert [e[1] for e in port.events if e[0] == "pp"] == ["GPUNodeClaimCreated"]
-    condition = [c[4] for c in port.calls if c[0] == "PATCH" and c[1] == "gpupools"][-1]
-    assert condition["status"]["conditions"][0]["reason"] == "Ready"
+    written = [cond for c in port.calls if c[0] == "PATCH" and c[1] == "gpupools"
+               for cond in c[4]["status"]["conditions"]]
+    assert [c["reason"] for c in written if c["type"] == "NodeProvisionerReady"][-1] == "Ready"
+    assert [c["reason"] for c in written if c["type"] == "CapacityAvailable"][-1] == "OfferingsAvailable"
     # a second pass buys nothing: the claim is remembered until the cache has it
     port.calls.clear()
     await capacity.launch.reconcile(NOW)
