@@ -38,6 +38,7 @@ from extender.common.labels import (
     HELM_RELEASE_NAME,
     HELM_RELEASE_NAMESPACE,
 )
+from extender.common.numbers import float_flag
 
 PART_OF = "tensor-fusion-extender"
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
@@ -222,7 +223,7 @@ def add_crds_arguments(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("--kubeconfig", default=None,
                          help="kubeconfig file (default: in-cluster service account, else ~/.kube/config)")
         if name == "apply":
-            sub.add_argument("--timeout", type=float, default=60.0,
+            sub.add_argument("--timeout", type=float_flag(0), default=60.0,
                              help="seconds to wait for each CRD to be Established (default 60)")
 
 

@@ -16,6 +16,7 @@ import yaml
 
 from extender.common import eventloop
 from extender.common.logs import setup_logging
+from extender.common.numbers import int_flag
 from extender.common.options import (
     add_config_argument,
     duration,
@@ -52,9 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="serve the mutating admission webhook over HTTPS")
-    serve.add_argument("--port", type=int, default=9443)
+    serve.add_argument("--port", type=int_flag(0, 65535), default=9443)
     serve.add_argument("--bind-address", default="0.0.0.0")
-    serve.add_argument("--metrics-port", type=int, default=0,
+    serve.add_argument("--metrics-port", type=int_flag(0, 65535), default=0,
                        help="also serve /metrics, /healthz and /readyz over plain HTTP on this port "
                             "(default 0: off; they are always on the HTTPS port too)")
     serve.add_argument("--cert-dir", required=True, type=Path,

@@ -16,6 +16,8 @@ import datetime as dt
 from dataclasses import dataclass
 from zoneinfo import ZoneInfo
 
+from extender.common.numbers import MAX_DIGITS, parse_int, shown
+
 _MONTHS = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
 _DAYS = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")
 _MACROS = {
@@ -114,9 +116,9 @@ def _value(token: str, low: int, high: int, names: tuple[str, ...] | None, field
     upper = token.upper()
     if names is not None and upper in names:
         return low + names.index(upper)
-    if not token.isdigit():
-        raise CronError(f"{field} field: {token!r} is not a number")
-    number = int(token)
+    if not token.isdigit() or len(token) > MAX_DIGITS:
+        raise CronError(f"{field} field: {shown(token)} is not a number")
+    number = parse_int(token)
     if not low <= number <= high:
         raise CronError(f"{field} field: {number} is outside {low}-{high}")
     return number
@@ -130,9 +132,9 @@ def _field(part: str, field: str, low: int, high: int, names: tuple[str, ...] | 
         base, _, step_text = item.partition("/")
         step = 1
         if step_text:
-            if not step_text.isdigit() or int(step_text) == 0:
+            if not step_text.isdigit() or len(step_text) > MAX_DIGITS or parse_int(step_text) == 0:
                 raise CronError(f"{field} field: step {step_text!r} must be a positive number")
-            step = int(step_text)
+            step = parse_int(step_text)
         if base == "*":
             first, last = low, high
         elif "-" in base:

@@ -14,6 +14,7 @@ from typing import Any
 
 from extender.common.contract import DEFAULT_POOL_ANNOTATION, POOL_LABEL_ON_GPU, USED_BY_TAINT_VALUE
 from extender.common.labels import GFD_COUNT, GFD_MEMORY, GFD_PRODUCT, HOSTNAME
+from extender.common.numbers import MAX_DIGITS, parse_int
 from extender.common.quantity import QuantityError, parse_quantity
 from extender.scheduling import gpu_models
 
@@ -116,11 +117,12 @@ def gpus_from_node_labels(node: str, labels: Mapping[str, Any], default_pool: st
     """One synthetic device per GPU that GPU Feature Discovery reports; none for unknown products."""
     raw_count = str(labels.get(GFD_COUNT, ""))
     spec = gpu_models.lookup(str(labels.get(GFD_PRODUCT, "")))
-    if spec is None or not raw_count.isdigit():
+    if spec is None or not raw_count.isdigit() or len(raw_count) > MAX_DIGITS:
         return []
-    count = min(int(raw_count), MAX_SYNTHETIC_GPUS)
+    count = min(parse_int(raw_count), MAX_SYNTHETIC_GPUS)
     memory = str(labels.get(GFD_MEMORY, ""))
-    vram = int(memory) << 20 if memory.isdigit() and int(memory) > 0 else spec.vram
+    mib = parse_int(memory) if memory.isdigit() and len(memory) <= MAX_DIGITS else 0
+    vram = mib << 20 if mib > 0 else spec.vram
     pool = labels.get(POOL_LABEL_ON_GPU) or default_pool
     return [
         GPUDevice(

@@ -302,6 +302,9 @@ def test_tilde_in_keys_is_escaped() -> None:
         (pod(tf(tflops_request="1", gpu_count="0")), c.GPU_COUNT, 'gpu-count="0"'),
         (pod(tf(tflops_request="1", gpu_count="200")), c.GPU_COUNT, 'gpu-count="200"'),
         (pod(tf(tflops_request="1", gpu_indices="a,1")), c.GPU_INDICES, 'gpu-indices="a,1"'),
+        # longer than Python converts (4,300 digits): a denial naming the key, not an internal error
+        (pod(tf(tflops_request="1", gpu_count="1" * 5000)), c.GPU_COUNT, "must be an integer within 1..128"),
+        (pod(tf(tflops_request="1", gpu_indices="0," + "7" * 5000)), c.GPU_INDICES, "at most 40 digits"),
         (pod(tf(tflops_request="1", isolation="full")), c.ISOLATION, 'isolation="full"'),
         (pod(tf(tflops_request="1", qos="max")), c.QOS, 'qos="max"'),
         (pod(tf(tflops_request="1", autoscale_target="disk")), c.AUTOSCALE_TARGET, 'autoscale-target="disk"'),

@@ -112,7 +112,7 @@ def test_a_config_file_sets_options_below_the_environment_and_the_command_line(
     ("port: 80\nexpansion: maybe\n", "extender.yaml:2: --expansion is a switch: 'maybe' is not true or "
                                      "false"),
     ("inventory-source: magic\n", "extender.yaml:1: --inventory-source: 'magic' is not one of"),
-    ("max-pods-per-node: lots\n", "extender.yaml:1: argument --max-pods-per-node: invalid"),
+    ("max-pods-per-node: lots\n", "extender.yaml:1: argument --max-pods-per-node: 'lots' is not an integer"),
     ("bind-deadline: [1, 2]\n", "extender.yaml:1: --bind-deadline takes one value"),
     ("bind-deadline: 45s\n  port: 1\n", "extender.yaml:2:"),
     ("- bind-deadline\n", "expected a mapping of option names to values, not list"),
