@@ -41,6 +41,7 @@ from extender.common.contract import (
     profile_annotations,
     render_annotations,
 )
+from extender.common.pods import as_map
 from extender.kube.selectors import selects
 from webhook.karpenter import add_do_not_disrupt
 from webhook.patch import PatchOp, diff
@@ -260,8 +261,9 @@ def _profile(annotations: Mapping[str, Any], namespace: str,
 def _pool_defaults(pool: KubeObject | None) -> PoolDefaults | None:
     if pool is None:
         return None
-    raw = ((pool.get("spec") or {}).get("qosConfig") or {}).get("defaultQoS")
-    default_qos = QoS(raw) if raw in {q.value for q in QoS} else None
+    raw = as_map(as_map(pool.get("spec")).get("qosConfig")).get("defaultQoS")
+    # a free-form field (the CRD keeps what a user writes): anything but one of the names is no default
+    default_qos = QoS(raw) if isinstance(raw, str) and raw in {q.value for q in QoS} else None
     return PoolDefaults(name=name_of(pool), default_qos=default_qos)
 
 

@@ -158,6 +158,7 @@ async def handle_mutate(service: WebhookService, max_body_bytes: int,
     started = time.perf_counter()
     uid: str | None = None
     fields: dict[str, Any] = {}
+    reading = True  # until the whole body is in: a timeout then is the client's (408), not ours
     try:
         with service.deadlines.bound(service.request_timeout):
             encoding = request.headers.get("Content-Encoding")
@@ -172,6 +173,7 @@ async def handle_mutate(service: WebhookService, max_body_bytes: int,
                 raise
             except Exception as exc:  # e.g. a Content-Encoding the body does not decode with
                 raise ReviewError(f"body cannot be read: {describe_exception(exc, 200)}") from exc
+            reading = False
             index = _IndexDraw(service.allocator)
             replay = service.replay
             replayed = replay.answer(body, service.replay_context, index.draw) if replay is not None else None
@@ -196,9 +198,14 @@ async def handle_mutate(service: WebhookService, max_body_bytes: int,
         decision = Decision({}, outcome, "malformed-review", str(exc))
         response = web.json_response(deny(uid, str(exc), 400)) if uid else _error(400, str(exc))
     except TimeoutError:
-        message = f"admission timed out after {service.request_timeout}s"
-        decision = Decision({}, Outcome.ERROR, "timeout", message)
-        response = web.json_response(deny(uid, message, 504)) if uid else _error(504, message)
+        if reading:  # the client did not send its body in time: its error (408), not ours
+            message = f"the AdmissionReview body did not arrive within {service.request_timeout}s"
+            decision = Decision({}, Outcome.ERROR, "body-timeout", message)
+            response = _error(408, message)
+        else:
+            message = f"admission timed out after {service.request_timeout}s"
+            decision = Decision({}, Outcome.ERROR, "timeout", message)
+            response = web.json_response(deny(uid, message, 504)) if uid else _error(504, message)
     except Exception as exc:  # the catch-all: a denial (or a 400 without a uid) and one log line
         detail = describe_exception(exc)
         log.warning("admission failed", extra={**fields, "error": detail})

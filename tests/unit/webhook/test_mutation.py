@@ -392,3 +392,14 @@ def test_a_pod_may_not_arrive_with_an_allocation(annotations: dict[str, str], sp
                     scheduler_name=SCHEDULER, index=1)
     assert result.denial is not None and result.denial.reason == key
     assert result.denial.message.startswith(key) and SCHEDULER in result.denial.message
+
+
+@pytest.mark.parametrize("qos_config", [{"defaultQoS": [1]}, {"defaultQoS": {"a": 1}}, {"defaultQoS": 5},
+                                        {"defaultQoS": None}, [1], "critical"])
+def test_a_wrong_typed_pool_default_qos_is_no_default_not_an_internal_error(qos_config: object) -> None:
+    """The GPUPool CRD keeps unknown shapes; every pod of such a pool was a code-500 denial."""
+    bad = {**POOL_A, "spec": {"qosConfig": qos_config}}
+    result = mutate(pod(tf(tflops_request="1")), view(bad), scheduler_name=SCHEDULER, index=1)
+    assert result.denial is None
+    plain = mutate(pod(tf(tflops_request="1")), view(POOL_A), scheduler_name=SCHEDULER, index=1)
+    assert result.pod["metadata"]["annotations"][c.QOS] == plain.pod["metadata"]["annotations"][c.QOS]
