@@ -23,7 +23,7 @@ from extender.common.options import duration
 from extender.common.output import add_output_argument, json_lines, table, yaml_document
 from extender.common.progress import Progress
 from extender.common.timefmt import parse_time
-from extender.common.yamlio import YAMLFileError
+from extender.common.yamlio import YAMLFileError, read_text_file
 from extender.controllers.capacity.compaction_plan import plan_compaction
 from extender.controllers.capacity.config import DEFAULT_CLUSTER_NAME
 from extender.controllers.capacity.launch_plan import LaunchPayload, plan_launches, plan_provisioned_launches
@@ -127,8 +127,7 @@ def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = Non
             objects = read_file(args.cluster, progress)
             catalog = DEFAULT_CATALOG
             if args.catalog:
-                with open(args.catalog, encoding="utf-8") as handle:
-                    catalog = parse_catalog(handle.read())
+                catalog = parse_catalog(read_text_file(args.catalog))
         except (OSError, YAMLFileError, yaml.YAMLError, CapacityError) as exc:
             print(f"{prog}: {exc}", file=sys.stderr)
             return 2
@@ -142,7 +141,7 @@ def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = Non
             try:
                 fallback = VendorChoice(read_vendor_file(args.computing_vendor),
                                         f"--computing-vendor {args.computing_vendor}")
-            except (OSError, yaml.YAMLError) as exc:
+            except (OSError, YAMLFileError, yaml.YAMLError) as exc:
                 print(f"{prog}: {exc}", file=sys.stderr)
                 return 2
         clusters = {object_name(o): o for o in objects if _kind(o) == "TensorFusionCluster"}

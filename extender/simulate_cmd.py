@@ -16,7 +16,7 @@ from typing import Any
 from extender.common.contract import GPU_IDS, ContractError, RequestContext, parse_request, render_annotations
 from extender.common.output import add_output_argument, json_lines, table, yaml_document
 from extender.common.progress import Progress
-from extender.common.yamlio import YAMLFileError, iter_documents
+from extender.common.yamlio import YAMLFileError, iter_documents, read_text_file
 from extender.scheduling.placement import Mode
 from extender.scheduling.state import ClusterState, Kind, PlacementError, pod_key
 
@@ -171,8 +171,7 @@ def read_file(path: str, progress: Progress | None = None) -> list[dict[str, Any
     """``read_objects`` of a file (``OSError`` when unreadable)."""
     if progress is not None:
         progress.begin(f"reading {path}")
-    with open(path, encoding="utf-8") as handle:
-        return read_objects(handle.read(), path)
+    return read_objects(read_text_file(path), path)
 
 
 def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:

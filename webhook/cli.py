@@ -26,7 +26,7 @@ from extender.common.options import (
 )
 from extender.common.tasks import cancel_and_wait
 from extender.common.version import version_line
-from extender.common.yamlio import YAMLFileError, iter_documents
+from extender.common.yamlio import YAMLFileError, iter_documents, read_text_file
 from webhook.karpenter import DoNotDisruptSwitch, Mode, api_probe, running
 from webhook.mutation import mutate
 from webhook.server import (
@@ -136,7 +136,10 @@ def run_mutate(args: argparse.Namespace) -> int:
 
 
 def _read_text(path: str) -> str:
-    return sys.stdin.read() if path == "-" else Path(path).read_text()
+    try:
+        return read_text_file(path)
+    except YAMLFileError as exc:
+        raise ObjectsError(str(exc)) from None
 
 
 def _read_pod(path: str) -> dict[str, Any]:

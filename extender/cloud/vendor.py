@@ -77,8 +77,9 @@ def read_vendor_file(path: str) -> VendorConfig:
     Raises OSError or yaml.YAMLError when it cannot be read."""
     import yaml
 
-    with open(path, encoding="utf-8") as handle:
-        raw = yaml.safe_load(handle)
+    from extender.common.yamlio import read_text_file
+
+    raw = yaml.safe_load(read_text_file(path))
     if isinstance(raw, Mapping) and "computingVendor" in raw:
         raw = raw["computingVendor"]
     return parse_vendor(raw, "computingVendor")

@@ -24,6 +24,9 @@ from typing import Any
 import yaml
 
 from extender.common.timefmt import format_duration, parse_duration
+from extender.common.yamlio import YAMLFileError, read_text_file
+
+MAX_CONFIG_BYTES = 1024 * 1024  # a config file of settings, not a data file
 
 CONFIG_FLAG = "--config"
 _BARE_NUMBER = re.compile(r"^\s*\d+(?:\.\d*)?\s*$|^\s*\.\d+\s*$")
@@ -105,9 +108,9 @@ def load_yaml_file(path: str | Path) -> Any:
     """The one YAML document of ``path``; an ``OptionSourceError`` naming the file, line and column when
     it cannot be read or parsed."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise OptionSourceError(f"{path}: cannot read: {exc}") from None
+        text = read_text_file(str(path), MAX_CONFIG_BYTES)
+    except YAMLFileError as exc:
+        raise OptionSourceError(str(exc)) from None
     try:
         return yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:

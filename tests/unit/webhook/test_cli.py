@@ -111,3 +111,17 @@ def test_serve_requires_a_cert_dir(capsys: pytest.CaptureFixture[str]) -> None:
 def test_serve_with_unusable_certificates_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("webhook.cli.setup_logging", lambda level: None)
     assert main(["serve", "--cert-dir", str(tmp_path), "--port", "0", "--log-level", "error"]) == 1
+
+
+def test_unreadable_inputs_exit_2_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(b"kind: Pod\nmetadata: {name: caf\xe9}\n")
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"kind: Pod\nspec: {priority: " + b"9" * 5000 + b"}\n")
+    pod_file = write(tmp_path, "pod.yaml", pod(tf(tflops_request="1")))
+    assert main(["mutate", "--pod", str(bad)]) == 2
+    assert main(["mutate", "--pod", str(big)]) == 2
+    assert main(["mutate", "--pod", str(pod_file), "--objects", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "latin1.yaml:2: not UTF-8 text" in err and "big.yaml: not readable YAML" in err
+    assert "Traceback" not in err

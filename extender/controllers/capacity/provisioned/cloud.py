@@ -136,7 +136,7 @@ class Cloud:
         source = f"--computing-vendor {path}"
         try:
             return VendorChoice(read_vendor_file(path), source)
-        except (OSError, yaml.YAMLError) as exc:
+        except (OSError, ValueError, yaml.YAMLError) as exc:  # ValueError: YAMLFileError
             return VendorChoice(VendorConfig("", problems=(f"{source}: {exc}",)), source)
 
     async def turn(self, step: Callable[[Picture], Awaitable[T]]) -> T | None:
