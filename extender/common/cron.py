@@ -128,12 +128,12 @@ def _field(part: str, field: str, low: int, high: int, names: tuple[str, ...] | 
     values: set[int] = set()
     for item in part.split(","):
         if not item:
-            raise CronError(f"{field} field: empty list item in {part!r}")
+            raise CronError(f"{field} field: empty list item in {shown(part)}")
         base, _, step_text = item.partition("/")
         step = 1
         if step_text:
             if not step_text.isdigit() or len(step_text) > MAX_DIGITS or parse_int(step_text) == 0:
-                raise CronError(f"{field} field: step {step_text!r} must be a positive number")
+                raise CronError(f"{field} field: step {shown(step_text)} must be a positive number")
             step = parse_int(step_text)
         if base == "*":
             first, last = low, high
@@ -141,7 +141,7 @@ def _field(part: str, field: str, low: int, high: int, names: tuple[str, ...] | 
             a, _, b = base.partition("-")
             first, last = _value(a, low, high, names, field), _value(b, low, high, names, field)
             if first > last:
-                raise CronError(f"{field} field: range {base!r} runs backwards")
+                raise CronError(f"{field} field: range {shown(base)} runs backwards")
         else:
             first = _value(base, low, high, names, field)
             last = high if step_text else first
