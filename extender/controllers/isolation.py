@@ -94,8 +94,12 @@ class Isolation:
         log.warning("object skipped", extra={"controller": self.controller, "kind": self.kind, "object": key,
                                              "error": message})
         if self.recorder is not None:
-            self.recorder.record(dict(obj), reason or self.reason, f"{self.kind} {key}: {message}"[:1000],
-                                 "Warning")
+            try:
+                self.recorder.record(dict(obj), reason or self.reason, f"{self.kind} {key}: {message}"[:1000],
+                                     "Warning")
+            except Exception as exc:  # an event is best effort; the object is still left out, the rest go on
+                log.warning("event not recorded",
+                            extra={"object": key, "error": describe_exception(exc, 200)})
         if self.condition is not None and reason is None:
             self._pending[key] = (obj, message)
         return True

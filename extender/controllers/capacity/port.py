@@ -116,7 +116,11 @@ class LiveView:
         self.created: dict[str, dict[str, Any]] = {}
         self._created_at: dict[str, float] = {}
         # one pool at a time: a pool whose settings are not readable is named (event, condition), not fatal
-        self.pool_isolation = Isolation("capacity", "GPUPool", port, condition=self._valid_condition)
+        self.pool_isolation = Isolation("capacity", "GPUPool", self, condition=self._valid_condition)
+
+    def record(self, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+        """An event on ``obj`` through the current port."""
+        self.port.record(obj, reason, message, type_)
 
     async def pool_configs(self) -> list[PoolConfig]:
         """Every pool's settings, parsed one pool at a time. A pool with problems keeps them (the planners

@@ -205,7 +205,8 @@ class TFClusterController:
         fresh = cached is not None and time.monotonic() - cached[1] < VENDOR_RECHECK_SECONDS
         if cached is not None and fresh and cached[0] == digest:
             return cached[2]
-        check = vendor.connection_check(str(config.get("type")), self.config.cloud_key_dir)
+        check = vendor.connection_check(str(config.get("type")), self.config.cloud_key_dir,
+                                        self.config.cloud_endpoints)
         connection = await check(config, self._reader)
         self._connections[name] = (digest, time.monotonic(), connection)
         return connection

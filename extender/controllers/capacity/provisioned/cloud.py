@@ -126,7 +126,7 @@ class Cloud:
         self.checked: dict[str, float] = {}  # claim -> monotonic time its VM was last described
         self.swept: dict[VendorKey, float] = {}
         self.unfinalized: dict[str, str] = {}  # claim -> why its VM could not be terminated (reported)
-        self.claim_isolation = Isolation("provisioned", "GPUNodeClaim", port)
+        self.claim_isolation = Isolation("provisioned", "GPUNodeClaim", view)
 
     # -- the providers ----------------------------------------------------------------------------------
 
@@ -162,10 +162,12 @@ class Cloud:
         key_dir = self.config.cloud_key_dir
         # one object at a time: a pool or claim whose vendor cannot be worked out is named, not fatal
         pool_choice = {object_name(p): choice for p, choice in self.view.pool_isolation.each(
-            [pools[c.name] for c in configs], lambda p: pool_vendor(p, clusters, fallback, key_dir))}
+            [pools[c.name] for c in configs],
+            lambda p: pool_vendor(p, clusters, fallback, key_dir, self.config.cloud_endpoints))}
         configs = [c for c in configs if c.name in pool_choice]
         claim_choice = {object_name(c): choice for c, choice in self.claim_isolation.each(
-            claims, lambda c: claim_vendor(c, pools.get(claim_pool(c)), clusters, fallback, key_dir))}
+            claims, lambda c: claim_vendor(c, pools.get(claim_pool(c)), clusters, fallback, key_dir,
+                                           self.config.cloud_endpoints))}
         claims = [c for c in claims if object_name(c) in claim_choice]
         wanted: dict[VendorKey, VendorChoice] = {}
         for choice in [*pool_choice.values(), *claim_choice.values(), *([fallback] if fallback else [])]:

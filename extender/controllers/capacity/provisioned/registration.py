@@ -50,6 +50,10 @@ class Registration:
         async def step(claim: dict[str, Any]) -> None:
             owner = by_pool.get(claim_pool(claim))
             choice = picture.claim_choice[object_name(claim)]
+            if owner is not None and not (claim.get("status") or {}).get("instanceID"):
+                # a VM still to make goes through the pool's vendor: the vendor a claim records (an
+                # annotation whoever may patch the claim can edit) only describes and terminates its own VM
+                choice = picture.pool_choice[owner.name]
             provider = picture.providers[choice.key]
             if owner is not None and provider is not None and \
                     not (claim.get("metadata") or {}).get("deletionTimestamp"):
