@@ -29,6 +29,7 @@ from extender.common.version import version_line
 from extender.common.yamlio import YAMLFileError, iter_documents, read_text_file
 from webhook.karpenter import DoNotDisruptSwitch, Mode, api_probe, running
 from webhook.mutation import mutate
+from webhook.priority import DEFAULT_NAMESPACES, PriorityPolicy
 from webhook.server import (
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SCHEDULER_NAME,
@@ -73,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help='add karpenter.sh/do-not-disrupt: "true" to mutated pods, so Karpenter does not '
                             "consolidate nodes under them: auto (while the API serves Karpenter's "
                             "NodeClaims), true, false")
+    serve.add_argument("--qos-priority-namespaces", default=DEFAULT_NAMESPACES, metavar="NS[,NS...]",
+                       help="the namespaces whose pods may get the high and critical QoS priority "
+                            "classes (tensor-fusion-high, tensor-fusion-critical); elsewhere a pod asking "
+                            "for them is denied naming tensor-fusion.ai/qos; * for every namespace "
+                            f"(default {DEFAULT_NAMESPACES})")
+    serve.add_argument("--qos-priority-pools", default="", metavar="POOL[,POOL...]",
+                       help="GPUPools whose pods may get those priority classes in any namespace "
+                            "(default none)")
     add_config_argument(serve, ENV_PREFIX)
 
     add_mutate_arguments(commands.add_parser(
@@ -177,7 +186,9 @@ async def serve(args: argparse.Namespace) -> int:
     service = WebhookService(caches.view_for, caches.ready, scheduler_name=args.scheduler_name,
                              request_timeout=args.request_timeout, do_not_disrupt=lambda: switch.enabled,
                              mutation_cache=MutationCache(), generation=lambda: caches.generation,
-                             replay=ReviewReplay(), owner_token=caches.owner_token)
+                             replay=ReviewReplay(), owner_token=caches.owner_token,
+                             priority=PriorityPolicy.from_lists(args.qos_priority_namespaces,
+                                                                args.qos_priority_pools))
     service.metrics.track_certificate(Path(args.cert_dir) / TLS_CERT)
     if service.replay is not None:
         service.metrics.track_replay(service.replay)

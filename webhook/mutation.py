@@ -24,6 +24,7 @@ from extender.common.contract import (
     INJECT_CONTAINER,
     NATIVE_GPU_RESOURCES,
     POOL_LABEL,
+    QOS,
     USED_BY_TAINT_KEY,
     USED_BY_TAINT_VALUE,
     WORKLOAD_LABEL,
@@ -45,6 +46,7 @@ from extender.common.pods import as_map
 from extender.kube.selectors import selects
 from webhook.karpenter import add_do_not_disrupt
 from webhook.patch import PatchOp, diff
+from webhook.priority import PriorityPolicy
 from webhook.view import ClusterView, KubeObject, name_of
 from webhook.workload import label_value, workload_name
 
@@ -56,6 +58,7 @@ USED_BY_TOLERATION: dict[str, str] = {
     "effect": TOLERATION_EFFECT,
 }
 PRIORITY_CLASSES = {QoS.HIGH: "tensor-fusion-high", QoS.CRITICAL: "tensor-fusion-critical"}
+EVERYWHERE = PriorityPolicy()  # the offline mutate's: every namespace (serve passes its flags')
 
 # Denial reasons that are rules rather than annotation keys.
 REASON_POD_SHAPE = "pod-shape"
@@ -89,10 +92,12 @@ def is_opted_in(pod: Mapping[str, Any]) -> bool:
 
 
 def mutate(pod: KubeObject, view: ClusterView, *, scheduler_name: str, index: int,
-           namespace: str | None = None, do_not_disrupt: bool = False) -> MutationResult:
+           namespace: str | None = None, do_not_disrupt: bool = False,
+           priority: PriorityPolicy = EVERYWHERE) -> MutationResult:
     """Mutate ``pod`` (an API JSON dict, left unchanged). ``index`` is used only when the pod has none yet;
     ``namespace`` defaults to the pod's own, then ``default``. ``do_not_disrupt`` adds
     ``karpenter.sh/do-not-disrupt: "true"`` unless the pod sets it (see ``webhook.karpenter``).
+    ``priority`` says where the high and critical priority classes are granted (``webhook.priority``).
     """
     if not is_opted_in(pod):
         return MutationResult(pod=pod, skipped=True)
@@ -104,7 +109,7 @@ def mutate(pod: KubeObject, view: ClusterView, *, scheduler_name: str, index: in
         return MutationResult(pod=pod, denial=forged)
     namespace = namespace or str(pod["metadata"].get("namespace") or "") or "default"
     try:
-        mutated, request, positions = _mutated(pod, view, namespace, scheduler_name, index)
+        mutated, request, positions = _mutated(pod, view, namespace, scheduler_name, index, priority)
         if do_not_disrupt:
             add_do_not_disrupt(mutated["metadata"]["annotations"])
     except ContractError as exc:
@@ -160,7 +165,7 @@ def _shape_problem(pod: KubeObject) -> str | None:
 
 
 def _mutated(pod: KubeObject, view: ClusterView, namespace: str, scheduler_name: str,
-             index: int) -> tuple[KubeObject, GPURequest, tuple[int, ...]]:
+             index: int, priority: PriorityPolicy) -> tuple[KubeObject, GPURequest, tuple[int, ...]]:
     new = json.loads(json.dumps(pod))  # a deep copy; several times faster than copy.deepcopy for JSON
     metadata = new["metadata"]
     spec = new["spec"]
@@ -202,6 +207,14 @@ def _mutated(pod: KubeObject, view: ClusterView, namespace: str, scheduler_name:
     if not any(_is_used_by_toleration(t) for t in tolerations):
         spec["tolerations"] = [*tolerations, dict(USED_BY_TOLERATION)]
     priority_class = PRIORITY_CLASSES.get(request.qos)
+    if priority_class and not priority.grants(namespace, request.pool):
+        if QOS in inputs or QOS in profile_values:  # asked for: a clear no rather than a silent downgrade
+            raise ContractError(QOS, request.qos.value,
+                                f"the priority class {priority_class} is granted only in {priority.where()}; "
+                                f"namespace {namespace}, pool {request.pool} is not listed (ask your "
+                                "administrator, or use qos medium or low)",
+                                profile_source if QOS not in inputs else None)
+        priority_class = None  # high by derivation or by the pool's default: the QoS, not the class
     if priority_class and not spec.get("priorityClassName"):
         spec["priorityClassName"] = priority_class
         # The Priority admission plugin resolves the class into these; stale values would conflict.

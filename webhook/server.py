@@ -31,6 +31,8 @@ from webhook.deadline import DEFAULT_TICK, Deadlines
 from webhook.index import IndexAllocator
 from webhook.memo import MutationCache
 from webhook.metrics import CONTENT_TYPE, WebhookMetrics
+from webhook.mutation import EVERYWHERE
+from webhook.priority import PriorityPolicy
 from webhook.replay import ReviewReplay
 from webhook.view import ClusterView, KubeObject
 from webhook.workload import owner_to_fetch
@@ -60,7 +62,8 @@ class WebhookService:
                  mutation_cache: MutationCache | None = None,
                  generation: Callable[[], Hashable] = lambda: 0,
                  replay: ReviewReplay | None = None,
-                 owner_token: Callable[[Hashable], object] = lambda owner: None) -> None:
+                 owner_token: Callable[[Hashable], object] = lambda owner: None,
+                 priority: PriorityPolicy = EVERYWHERE) -> None:
         """``mutation_cache`` and ``replay`` need ``generation`` to change whenever what ``view_for`` sees of
         pools, profiles and templates does (``ServingCaches.generation``); ``replay`` also needs
         ``owner_token`` to give, for an owner key (namespace, kind, name), a value equal to the last one
@@ -70,6 +73,7 @@ class WebhookService:
         self.generation = generation
         self.replay = replay
         self.owner_token = owner_token
+        self.priority = priority  # where the high and critical priority classes are granted
         self.do_not_disrupt = do_not_disrupt
         self.ready = ready
         self.scheduler_name = scheduler_name
@@ -250,7 +254,7 @@ async def _decide(service: WebhookService, body: bytes, review: Request, index: 
     view = await service.view_for(review.object or {}, namespace)
     decision = admit(review, view, scheduler_name=service.scheduler_name, next_index=index,
                      do_not_disrupt=service.do_not_disrupt(), cache=service.mutation_cache,
-                     generation=service.generation())
+                     generation=service.generation(), priority=service.priority)
     answer = encode_review(decision.response)
     if service.replay is not None and review.plain_json:
         wanted = owner_to_fetch(review.object) if review.object is not None else None
