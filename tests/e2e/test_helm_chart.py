@@ -864,6 +864,7 @@ EVERY_EXTENDER_VALUE = {
     "autoscale.enabled": "true", "autoscale.interval": "1m", "autoscale.cronTimeZone": "Europe/Paris",
     "capacity.clusterName": "prod", "capacity.nodeJoinTimeout": "20m", "capacity.orphanGrace": "1h",
     "capacity.capacityErrorBackoff": "2m", "capacity.cloudKeyDir": "/tmp/secret",
+    "capacity.cloudEndpointAllow": "vpce.example.com",
     "autoscale.prometheusUrl": "http://prometheus:9090", "autoscale.usageMetrics": "hypervisor",
     "autoscale.tflopsQuery": "tflops_q", "autoscale.vramQuery": "vram_q", "autoscale.prometheusStep": "1m",
     "autoscale.prometheusMaxPoints": "200",
@@ -878,7 +879,8 @@ def test_every_serve_option_is_a_value_and_reaches_the_command_line(helm):
 
     sets = [a for key, value in EVERY_EXTENDER_VALUE.items() for a in ("--set", f"{key}={value}")]
     sets += ["--set", "webhook.certReloadInterval=5s", "--set", "webhook.karpenterDoNotDisrupt=false",
-             "--set", "webhook.logLevel=warning", "--set", "webhook.requestTimeout=3s"]
+             "--set", "webhook.logLevel=warning", "--set", "webhook.requestTimeout=3s",
+             "--set", "webhook.qosPriority.namespaces={ml}", "--set", "webhook.qosPriority.pools={gold}"]
     objs = render(helm, *sets)
     command = _container(objs, "Deployment", "tensor-fusion-scheduler", "extender")["command"]
     parser = extender_cli.build_parser()
@@ -909,6 +911,7 @@ def test_every_serve_option_is_a_value_and_reaches_the_command_line(helm):
                  _container(objs, "Deployment", "tensor-fusion-webhook", "webhook")["command"])
     assert (web.cert_reload_interval, web.karpenter_do_not_disrupt, web.log_level, web.request_timeout,
             web.scheduler_name) == (5.0, "false", "warning", 3.0, "gpu-scheduler")
+    assert (web.qos_priority_namespaces, web.qos_priority_pools) == (f"{NS},ml", "gold")
     webhook_parser = webhook_cli.serve_parser(webhook_cli.build_parser())
     webhook_serve = {a.option_strings[0] for a in configurable(webhook_parser)}
     fixed_webhook = {"--port", "--bind-address", "--metrics-port", "--cert-dir", "--kubeconfig", "--config"}
