@@ -33,6 +33,7 @@ from extender.common.contract import (
     ContractError,
     GPURequest,
     PoolDefaults,
+    ProfileError,
     QoS,
     RequestContext,
     decode_index,
@@ -268,7 +269,11 @@ def _profile(annotations: Mapping[str, Any], namespace: str,
     profile = view.profile(namespace, name)
     if profile is None:
         raise ContractError(WORKLOAD_PROFILE, raw, f"no such WorkloadProfile in namespace {namespace}")
-    return profile_annotations(profile.get("spec") or {}), f"WorkloadProfile {namespace}/{name}"
+    try:
+        values = profile_annotations(profile.get("spec") or {})
+    except ProfileError as exc:
+        raise ContractError(WORKLOAD_PROFILE, raw, f"WorkloadProfile {namespace}/{name} {exc}") from None
+    return values, f"WorkloadProfile {namespace}/{name}"
 
 
 def _pool_defaults(pool: KubeObject | None) -> PoolDefaults | None:
@@ -284,16 +289,17 @@ def _template_autoscale(request: GPURequest, view: ClusterView, labels: Mapping[
                         *, explicit_target: bool) -> GPURequest:
     """Autoscaling from the first matching, enabled vertical scaling rule of the pool's template."""
     pool = view.pool(request.pool)
-    template_name = ((pool or {}).get("spec") or {}).get("schedulingConfigTemplate")
-    template = view.template(str(template_name)) if template_name else None
+    template_name = as_map(as_map(pool).get("spec")).get("schedulingConfigTemplate")
+    template = view.template(template_name) if isinstance(template_name, str) and template_name else None
     if template is None:
         return request
-    rules = (template.get("spec") or {}).get("verticalScalingRules") or []
+    rules = as_map(template.get("spec")).get("verticalScalingRules")
+    rules = rules if isinstance(rules, list) else []  # a wrong type: no rule (the extender names it)
     string_labels = {str(k): str(v) for k, v in labels.items()}
     for position, rule in enumerate(rules):
         if not isinstance(rule, dict):
             continue
-        auto = ((rule.get("autoScaling") or {}).get("autoSetResources")) or {}
+        auto = as_map(as_map(rule.get("autoScaling")).get("autoSetResources"))
         # a malformed rule selects nothing
         if not selects(rule.get("selector"), string_labels) or auto.get("enable") is not True:
             continue
@@ -302,7 +308,7 @@ def _template_autoscale(request: GPURequest, view: ClusterView, labels: Mapping[
         if raw_target and not explicit_target:
             try:
                 target = AutoscaleTarget(raw_target)
-            except ValueError as exc:
+            except (ValueError, TypeError) as exc:
                 rule_name = rule.get("name") or f"#{position}"
                 allowed = ", ".join(t.value for t in AutoscaleTarget)
                 raise ContractError(AUTOSCALE_TARGET, raw_target, f"unknown value; allowed: {allowed}",

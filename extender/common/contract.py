@@ -283,30 +283,69 @@ def render_annotations(request: GPURequest) -> dict[str, str]:
 
 
 def profile_annotations(spec: Mapping[str, Any]) -> dict[str, str]:
-    """Translate a WorkloadProfile ``spec`` into the annotation keys it provides defaults for."""
+    """Translate a WorkloadProfile ``spec`` into the annotation keys it provides defaults for.
+    A field of the wrong type is a ``ProfileError`` naming the profile's field and value (the webhook denies
+    the pod that names the profile with it), never another exception."""
     out: dict[str, str] = {}
-    resources = spec.get("resources") or {}
+    if not isinstance(spec, Mapping):
+        raise ProfileError(f"spec={_shown(spec)}: expected an object")
+    resources = _profile_map(spec, "resources", "spec.resources")
     for section, fields in (("requests", (TFLOPS_REQUEST, VRAM_REQUEST, PERCENT_REQUEST)),
                             ("limits", (TFLOPS_LIMIT, VRAM_LIMIT, PERCENT_LIMIT))):
-        amounts = resources.get(section) or {}
+        amounts = _profile_map(resources, section, f"spec.resources.{section}")
         for name, key in zip(("tflops", "vram", "compute"), fields, strict=True):
             if amounts.get(name) is not None:
-                out[key] = str(amounts[name])
+                out[key] = _profile_scalar(amounts[name], f"spec.resources.{section}.{name}")
     scalar_fields = {
         "gpuCount": GPU_COUNT, "gpuModel": GPU_MODEL, "vendor": VENDOR, "isolation": ISOLATION,
         "qos": QOS, "poolName": GPU_POOL,
     }
     for name, key in scalar_fields.items():
         if spec.get(name) not in (None, ""):
-            out[key] = str(spec[name])
-    if spec.get("gpuIndices"):
-        out[GPU_INDICES] = ",".join(str(i) for i in spec["gpuIndices"])
-    auto = ((spec.get("autoScalingConfig") or {}).get("autoSetResources")) or {}
+            out[key] = _profile_scalar(spec[name], f"spec.{name}")
+    indices = spec.get("gpuIndices")
+    if indices:
+        if not isinstance(indices, list):
+            raise ProfileError(f"spec.gpuIndices={_shown(indices)}: expected a list")
+        out[GPU_INDICES] = ",".join(_profile_scalar(i, "spec.gpuIndices[]") for i in indices)
+    auto = _profile_map(_profile_map(spec, "autoScalingConfig", "spec.autoScalingConfig"), "autoSetResources",
+                        "spec.autoScalingConfig.autoSetResources")
     if auto.get("enable") is not None:
+        if not isinstance(auto["enable"], bool):
+            raise ProfileError(f"spec.autoScalingConfig.autoSetResources.enable={_shown(auto['enable'])}: "
+                               "expected true or false")
         out[AUTOSCALE] = "true" if auto["enable"] else "false"
-        if auto.get("targetResource"):
-            out[AUTOSCALE_TARGET] = str(auto["targetResource"])
+        if auto.get("targetResource") not in (None, ""):
+            out[AUTOSCALE_TARGET] = _profile_scalar(auto["targetResource"],
+                                                    "spec.autoScalingConfig.autoSetResources.targetResource")
     return out
+
+
+class ProfileError(ValueError):
+    """A WorkloadProfile field of the wrong type; the message names the field and the value."""
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "..."
+
+
+def _profile_map(parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
+    raw = parent.get(key)
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ProfileError(f"{path}={_shown(raw)}: expected an object")
+    return raw
+
+
+def _profile_scalar(raw: object, path: str) -> str:
+    """A profile value as the annotation text it stands for: a string, a number or a boolean (YAML's)."""
+    if isinstance(raw, bool):
+        return "true" if raw else "false"
+    if isinstance(raw, str) or (isinstance(raw, int | float) and raw == raw and abs(raw) != float("inf")):
+        return str(raw)
+    raise ProfileError(f"{path}={_shown(raw)}: expected a string or a number")
 
 
 # Pod index encoding (DESIGN §3): index N in 1..128 is the resource
