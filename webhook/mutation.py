@@ -33,17 +33,16 @@ from extender.common.contract import (
     ContractError,
     GPURequest,
     PoolDefaults,
-    ProfileError,
     QoS,
     RequestContext,
     decode_index,
     index_resource,
     native_gpu_count,
     parse_request,
-    profile_annotations,
     render_annotations,
 )
 from extender.common.pods import as_map
+from extender.common.profiles import ProfileError, profile_annotations
 from extender.kube.selectors import selects
 from webhook.karpenter import add_do_not_disrupt
 from webhook.patch import PatchOp, diff

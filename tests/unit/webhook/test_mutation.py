@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender.common import contract as c
-from extender.common.contract import RequestContext, parse_request, profile_annotations
+from extender.common.contract import RequestContext, parse_request
+from extender.common.profiles import profile_annotations
 from tests.unit.fixtures.webhook import (
     ANNOTATION_MAPS,
     CONTAINER_LISTS,
