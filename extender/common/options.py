@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import difflib
 import os
 import re
@@ -23,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from extender.common.numbers import NumberError, parse_float
 from extender.common.timefmt import format_duration, parse_duration
 from extender.common.yamlio import YAMLFileError, read_text_file
 
@@ -53,7 +55,10 @@ class DurationType:
     def __call__(self, text: str) -> float:
         bare = self.legacy_seconds and _BARE_NUMBER.match(text) is not None
         if bare:
-            seconds = float(text)
+            try:
+                seconds = parse_float(text, maximum=dt.timedelta.max.total_seconds())
+            except NumberError as exc:
+                raise argparse.ArgumentTypeError(f"{exc} (seconds)") from None
         else:
             try:
                 seconds = parse_duration(text).total_seconds()

@@ -171,3 +171,14 @@ def test_serve_logs_each_deprecation_once_logging_is_set_up(tmp_path: Path,
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
     assert [(line["level"], line["msg"]) for line in lines] == [
         ("warning", "--bind-deadline 30: bare seconds are deprecated, write a Go duration (30s)")]
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("9" * 400, "too long for a number"), ("99999999999999999999", "is above"),
+    ("99999999999999h", "is longer than any duration can be"),
+])
+def test_a_duration_flag_too_long_to_hold_is_a_usage_error_not_an_overflow(text: str, needle: str) -> None:
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match=needle):
+        options.duration("--bind-deadline")(text)
