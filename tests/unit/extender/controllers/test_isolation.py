@@ -117,3 +117,26 @@ async def test_the_compactor_runs_beside_a_bad_pool(catalog_file: str, manager: 
     await compactor.reconcile(NOW)
     assert compactor.last_run.get("kp") == NOW  # the good pool's compaction ran
     assert [e[0] for e in port.events if e[1] == "InvalidGPUPool"] == ["bad"]
+
+
+async def test_a_claim_with_a_malformed_recorded_vendor_does_not_stop_the_provisioned_controllers(
+        catalog_file: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shape that stopped the Provisioned controller for every pool: a GPUNodeClaim whose free-text
+    computing-vendor annotation holds ``params: "x"``. Its pool still launches, registers and terminates."""
+    from extender.common.labels import COMPUTING_VENDOR
+    from tests.unit.fixtures.capacity import Provisioned
+
+    world = Provisioned(tmp_path, monkeypatch, catalog_file)
+    claim = await world.launched()
+    name = claim["metadata"]["name"]
+    bad = copy.deepcopy(claim)
+    bad["metadata"]["name"] = "pp-forged"
+    bad["metadata"]["annotations"] = {**bad["metadata"].get("annotations", {}),
+                                      COMPUTING_VENDOR: '{"type":"aws","params":"x"}'}
+    world.claims.objects["pp-forged"] = bad
+    await world.capacity.registration.reconcile(NOW)
+    await world.capacity.termination.reconcile(NOW)
+    await world.capacity.launch.reconcile(NOW)
+    # the good claim is still looked after: its VM is described by the registration pass
+    assert any(c == ("describe", claim["status"]["instanceID"]) for c in world.provider.calls)
+    assert name in world.claims.objects
