@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from extender.common.cli import EXIT_FAILED, EXIT_USAGE, OneLineParser, describe, fail
+from extender.common.numbers import int_flag
 from extender.common.options import (
     add_config_argument,
     duration,
@@ -35,11 +36,11 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     from extender.controllers import leadership, registry
     from extender.scheduling.state import InventorySource
 
-    serve.add_argument("--port", type=int, default=8080,
+    serve.add_argument("--port", type=int_flag(0, 65535), default=8080,
                        help="port of the verbs, /healthz, /readyz and /metrics")
     serve.add_argument("--bind-address", default="127.0.0.1",
                        help="listen address (default loopback: a sidecar of kube-scheduler)")
-    serve.add_argument("--metrics-port", type=int, default=0,
+    serve.add_argument("--metrics-port", type=int_flag(0, 65535), default=0,
                        help="also serve /metrics, /healthz and /readyz (nothing else) on this port, so that "
                             "Prometheus and the kubelet reach them on the pod IP while the verbs stay on "
                             "loopback (default 0: off)")
@@ -57,7 +58,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                        help="a ConfigMap whose instance-topology.yaml adds or replaces entries of the "
                             "built-in GPU topology table of cloud instance types (docs/topology.md); watched "
                             "(default: the built-in table only)")
-    serve.add_argument("--max-pods-per-node", type=_positive, default=256,
+    serve.add_argument("--max-pods-per-node", type=int_flag(1), default=256,
                        help="at most this many GPU pods per node (default 256)")
     serve.add_argument("--bind-deadline", type=duration("--bind-deadline", positive=True), default=55.0,
                        metavar="DURATION",
@@ -222,9 +223,4 @@ async def _run(service: ExtenderService) -> None:
     await service.run(stop)
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
-    return value
 

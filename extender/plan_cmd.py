@@ -21,11 +21,12 @@ from extender.cloud.nodeclass import parse_node_class
 from extender.cloud.provider import LaunchRequest
 from extender.cloud.vendor import VendorConfig, read_vendor_file
 from extender.common.cli import EXIT_USAGE, describe, fail
+from extender.common.logs import describe_exception
 from extender.common.options import duration
 from extender.common.output import add_output_argument, json_lines, table, yaml_document
 from extender.common.progress import Progress
 from extender.common.timefmt import parse_time
-from extender.common.yamlio import YAMLFileError
+from extender.common.yamlio import YAMLFileError, read_text_file
 from extender.controllers.capacity.compaction_plan import plan_compaction
 from extender.controllers.capacity.config import DEFAULT_CLUSTER_NAME
 from extender.controllers.capacity.launch_plan import LaunchPayload, plan_launches, plan_provisioned_launches
@@ -41,7 +42,7 @@ from extender.quota.book import QuotaBook
 from extender.quota.model import KIND
 from extender.scheduling.inventory import object_name
 from extender.scheduling.state import ClusterState
-from extender.simulate_cmd import load_cluster, read_file
+from extender.simulate_cmd import load_cluster, read_file, report_skipped, screen
 
 # The planners ``plan`` runs by default, in order; other planners register here with their own flag.
 DEFAULT_PLANNERS: list[Planner] = [plan_quota_holds, plan_launches, plan_provisioned_launches,
@@ -59,10 +60,12 @@ def _group(obj: dict[str, Any]) -> str:
 
 def snapshot_inputs(objects: Sequence[dict[str, Any]], *, now: dt.datetime,
                     catalog: Catalog = DEFAULT_CATALOG,
-                    protection_seconds: float = DEFAULT_PROTECTION_SECONDS) -> Inputs:
-    """The planners' inputs from snapshot objects, with the extender's own inventory code."""
+                    protection_seconds: float = DEFAULT_PROTECTION_SECONDS,
+                    problems: list[str] | None = None) -> Inputs:
+    """The planners' inputs from snapshot objects, with the extender's own inventory code (an object the
+    inventory cannot take is left out, named in ``problems``)."""
     state = ClusterState()
-    load_cluster(state, objects)
+    load_cluster(state, objects, problems)
     quotas = [o for o in objects if _kind(o) == KIND]
     if quotas:  # the snapshot's GPUResourceQuotas, against the usage of its bound pods
         state.quota_gate = QuotaBook(state, lambda: quotas)
@@ -132,15 +135,18 @@ def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = Non
         now = parsed
     with Progress(prog) as progress:
         try:
-            objects = read_file(args.cluster, progress)
+            objects, skipped = screen(read_file(args.cluster, progress))
             catalog = DEFAULT_CATALOG
             if args.catalog:
-                with open(args.catalog, encoding="utf-8") as handle:
-                    catalog = parse_catalog(handle.read())
+                catalog = parse_catalog(read_text_file(args.catalog))
         except (OSError, YAMLFileError, yaml.YAMLError, CapacityError) as exc:
             return fail(prog, describe(exc), EXIT_USAGE)
         progress.begin("loading the snapshot")
-        inputs = snapshot_inputs(objects, now=now, catalog=catalog, protection_seconds=args.protection_time)
+        inputs = snapshot_inputs(objects, now=now, catalog=catalog, protection_seconds=args.protection_time,
+                                 problems=skipped)
+        # a pool with problems is left alone by every planner (as serve does): named once here
+        skipped += [f"GPUPool {c.name}: left alone: {'; '.join(c.problems)}" for c in inputs.configs()
+                    if c.problems]
         if planners is None:
             planners = [*DEFAULT_PLANNERS, *([plan_defrag] if getattr(args, "defrag", False) else [])]
         # as serve: a pool's own TensorFusionCluster's computingVendor, else the file
@@ -149,22 +155,26 @@ def main_plan(args: argparse.Namespace, planners: Sequence[Planner] | None = Non
             try:
                 fallback = VendorChoice(read_vendor_file(args.computing_vendor),
                                         f"--computing-vendor {args.computing_vendor}")
-            except (OSError, yaml.YAMLError) as exc:
+            except (OSError, YAMLFileError, yaml.YAMLError) as exc:
                 return fail(prog, f"--computing-vendor: {describe(exc)}", EXIT_USAGE)
         clusters = {object_name(o): o for o in objects if _kind(o) == "TensorFusionCluster"}
         pools = {object_name(o): o for o in objects if _kind(o) == "GPUPool"}
         classes = {object_name(o): o for o in objects if _kind(o) == "GPUNodeClass"}
         progress.begin("planning")
         rows = []
-        for action in plan(inputs, planners):
+        for action in plan(inputs, planners, skipped):
             line = action.as_json()
             if action.action == "launch" and action.payload.config.launches_vms:
                 name = action.payload.config.name
                 pool = pools.get(name) or {"metadata": {"name": name}}
-                line["cloudRequest"] = cloud_request(action.payload, classes,
-                                                     pool_vendor(pool, clusters, fallback).config,
-                                                     getattr(args, "cluster_name", DEFAULT_CLUSTER_NAME))
+                try:
+                    line["cloudRequest"] = cloud_request(action.payload, classes,
+                                                         pool_vendor(pool, clusters, fallback).config,
+                                                         getattr(args, "cluster_name", DEFAULT_CLUSTER_NAME))
+                except Exception as exc:  # a GPUNodeClass or cluster the request cannot be spelled from
+                    line["cloudRequest"] = {"error": f"cannot be spelled: {describe_exception(exc, 200)}"}
             rows.append(line)
+        report_skipped(prog, skipped)
         entries: list[dict[str, Any]] = []
         found: list[dict[str, Any]] | None = []
         if getattr(args, "autoscale", False):

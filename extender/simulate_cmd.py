@@ -9,6 +9,7 @@ GPUResourceQuotas in the cluster file hold the pods their namespaces' totals or 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import sys
 from collections import Counter
@@ -18,9 +19,12 @@ from typing import Any
 
 from extender.common.cli import EXIT_USAGE, describe, fail
 from extender.common.contract import GPU_IDS, ContractError, RequestContext, parse_request, render_annotations
+from extender.common.logs import describe_exception
+from extender.common.numbers import shown
 from extender.common.output import add_output_argument, json_lines, table, yaml_document
 from extender.common.progress import Progress
-from extender.common.yamlio import YAMLFileError, iter_documents
+from extender.common.shape import object_problem
+from extender.common.yamlio import YAMLFileError, iter_documents, read_text_file
 from extender.quota import needs_gpus
 from extender.quota.book import QuotaBook
 from extender.quota.model import KIND as QUOTA_KIND
@@ -49,9 +53,72 @@ def _writable(pod: dict[str, Any], *parts: str) -> dict[str, Any]:
     return out
 
 
-def load_cluster(state: ClusterState, objects: Iterable[dict[str, Any]]) -> None:
+# The sections of the kinds the tools read that must be objects when present (a list or a number there is a
+# wrong-typed field: the object is named and left out, and the rest of the snapshot planned without it).
+_SECTIONS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "GPUPool": (("spec", "capacityConfig"), ("spec", "nodeManagerConfig"), ("spec", "qosConfig"),
+                ("spec", "nodeManagerConfig", "nodeProvisioner"),
+                ("spec", "nodeManagerConfig", "nodeCompaction")),
+    "SchedulingConfigTemplate": (("spec", "placement"),),
+    "GPUNodeClaim": (("spec", "resources"),),
+    "TensorFusionCluster": (("spec", "computingVendor"), ("spec", "computingVendor", "params")),
+    "GPUNode": (),
+    "GPU": (("status", "capacity"), ("status", "nodeSelector")),
+}
+
+
+def describe_object(obj: Any) -> str:
+    """``Kind name`` (``Kind namespace/name``) of a snapshot object, whatever its fields hold."""
+    if not isinstance(obj, dict):
+        return "object"
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    kind, name, namespace = obj.get("kind"), meta.get("name"), meta.get("namespace")
+    kind = kind if isinstance(kind, str) and kind else "object"
+    name = name if isinstance(name, str) else "?"
+    return f"{kind} {namespace}/{name}" if isinstance(namespace, str) and namespace else f"{kind} {name}"
+
+
+def screen(objects: Iterable[Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The snapshot objects the tools can read, and one line per object left out, naming it, the field and
+    the value (``GPUPool a: spec.nodeManagerConfig=[1]: expected an object``)."""
+    good: list[dict[str, Any]] = []
+    bad: list[str] = []
+    for obj in objects:
+        where = describe_object(obj)
+        problem = object_problem(obj, "")
+        if problem is None:
+            problem = _section_problem(obj)
+        if problem is None:
+            good.append(obj)
+        else:
+            bad.append(f"{where}: {problem.lstrip('.')}")
+    return good, bad
+
+
+def _section_problem(obj: dict[str, Any]) -> str | None:
+    for path in _SECTIONS.get(str(obj.get("kind")), ()):
+        node: Any = obj
+        for depth, key in enumerate(path):
+            node = node.get(key) if isinstance(node, dict) else None
+            if node is None:
+                break
+            if not isinstance(node, dict):
+                return f"{'.'.join(path[:depth + 1])}={shown(node)}: expected an object"
+    return None
+
+
+def report_skipped(prog: str, skipped: Iterable[str]) -> None:
+    """One stderr line per object a tool left out (the results are those of the snapshot without it)."""
+    for line in skipped:
+        print(f"{prog}: skipped {line}", file=sys.stderr)
+
+
+def load_cluster(state: ClusterState, objects: Iterable[dict[str, Any]],
+                 problems: list[str] | None = None) -> None:
     """Feed every object of a known kind to the state; pools and templates first, pods last. The state
-    reads objects and keeps none of them, so only a pod without a uid is copied (to give it one)."""
+    reads objects and keeps none of them, so only a pod without a uid is copied (to give it one).
+    One object at a time: one the state cannot take is left out and named in ``problems``."""
     by_kind: dict[Kind, list[dict[str, Any]]] = {kind: [] for kind in Kind}
     for obj in objects:
         kind = _KINDS.get(str(obj.get("kind")))
@@ -62,7 +129,14 @@ def load_cluster(state: ClusterState, objects: Iterable[dict[str, Any]]) -> None
             if kind is Kind.POD and not (item.get("metadata") or {}).get("uid"):
                 item = _writable(item, "metadata")
                 _uid(item)
-            state.apply(kind, "ADDED", item)
+            try:
+                state.apply(kind, "ADDED", item)
+            except Exception as exc:  # the object's own fault: named, and the rest loaded without it
+                with contextlib.suppress(Exception):
+                    state.apply(kind, "DELETED", item)
+                if problems is not None:
+                    problems.append(f"{describe_object(item)}: cannot be read: "
+                                    f"{describe_exception(exc, 200)}")
 
 
 def canonical_pod(state: ClusterState, pod: dict[str, Any]) -> dict[str, Any]:
@@ -144,18 +218,24 @@ def simulate(cluster_objects: list[dict[str, Any]], pods: list[dict[str, Any]],
 
 def simulate_with_state(cluster_objects: list[dict[str, Any]], pods: list[dict[str, Any]],
                         mode: str | None, progress: Progress | None = None,
-                        ) -> tuple[list[dict[str, Any]], ClusterState]:
+                        problems: list[str] | None = None) -> tuple[list[dict[str, Any]], ClusterState]:
+    """The placements in order, and the state after them. An object or pod that cannot be read is left out,
+    named in ``problems``; the others are placed as if it were absent."""
     state = ClusterState(mode_override=mode)
     if progress is not None:
         progress.begin("loading the cluster")
-    load_cluster(state, cluster_objects)
+    load_cluster(state, cluster_objects, problems)
     quota_objects = [o for o in cluster_objects if o.get("kind") == QUOTA_KIND]
     quotas = QuotaBook(state, lambda: quota_objects) if quota_objects else None
     if progress is not None:
         progress.begin("placing pods", len(pods))
     results = []
     for pod in pods:
-        results.append(place(state, pod, quotas))
+        try:
+            results.append(place(state, pod, quotas))
+        except Exception as exc:  # the pod's own fault: its line says so, the next pods go on
+            results.append({"pod": describe_object(pod).split(" ", 1)[-1], "node": None, "gpus": [],
+                            "reason": f"cannot be read: {describe_exception(exc, 200)}"})
         if progress is not None:
             progress.done += 1
     return results, state
@@ -195,8 +275,7 @@ def read_file(path: str, progress: Progress | None = None) -> list[dict[str, Any
     """``read_objects`` of a file (``OSError`` when unreadable)."""
     if progress is not None:
         progress.begin(f"reading {path}")
-    with open(path, encoding="utf-8") as handle:
-        return read_objects(handle.read(), path)
+    return read_objects(read_text_file(path), path)
 
 
 def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -219,11 +298,14 @@ def main_simulate(args: argparse.Namespace) -> int:
     prog = getattr(args, "prog", "tf-extender simulate")
     with Progress(prog) as progress:
         try:
-            cluster = read_file(args.cluster, progress)
-            pods = [obj for obj in read_file(args.pods, progress) if obj.get("kind", "Pod") == "Pod"]
+            cluster, skipped = screen(read_file(args.cluster, progress))
+            pods, skipped_pods = screen(obj for obj in read_file(args.pods, progress)
+                                        if obj.get("kind", "Pod") == "Pod")
         except (OSError, YAMLFileError) as exc:
             return fail(prog, describe(exc), EXIT_USAGE)
-        results, state = simulate_with_state(cluster, pods, args.mode, progress)
+        skipped += skipped_pods
+        results, state = simulate_with_state(cluster, pods, args.mode, progress, skipped)
+        report_skipped(prog, skipped)
         progress.begin("writing the results")
         output = getattr(args, "output", "json")
         if output == "table":

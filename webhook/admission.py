@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from extender.common.shape import object_problem
 from webhook.memo import Mutation, MutationCache, encode_patch
-from webhook.mutation import is_opted_in, mutate
+from webhook.mutation import EVERYWHERE, is_opted_in, mutate
+from webhook.priority import PriorityPolicy
 from webhook.view import ClusterView
 
 API_VERSION = "admission.k8s.io/v1"
@@ -210,7 +211,8 @@ def wants_mutation(request: Request) -> bool:
 
 def admit(request: Request, view: ClusterView, *, scheduler_name: str,
           next_index: Callable[[], int], do_not_disrupt: bool = False,
-          cache: MutationCache | None = None, generation: Hashable = 0) -> Decision:
+          cache: MutationCache | None = None, generation: Hashable = 0,
+          priority: PriorityPolicy = EVERYWHERE) -> Decision:
     """``cache`` (optional) memoizes the mutation; ``generation`` must change whenever the view's pools,
     profiles or templates do (see ``webhook.memo``)."""
     if not wants_mutation(request):
@@ -225,10 +227,10 @@ def admit(request: Request, view: ClusterView, *, scheduler_name: str,
     if cache is not None:
         result = cache.mutate(request.object, view, scheduler_name=scheduler_name, index=next_index(),
                               namespace=namespace, do_not_disrupt=do_not_disrupt, generation=generation,
-                              plain_json=request.plain_json)
+                              plain_json=request.plain_json, priority=priority)
     else:
         full = mutate(request.object, view, scheduler_name=scheduler_name, index=next_index(),
-                      namespace=namespace, do_not_disrupt=do_not_disrupt)
+                      namespace=namespace, do_not_disrupt=do_not_disrupt, priority=priority)
         result = Mutation(full.patch, full.denial, full.skipped, full.request)
     if result.skipped:
         return Decision(allow(request.uid), Outcome.SKIPPED)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from extender.common.cli import EXIT_USAGE, OneLineParser, describe, fail
+from extender.common.numbers import int_flag
 from extender.common.options import (
     add_config_argument,
     duration,
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     from extender.common.contract import DEFAULT_SCHEDULER_NAME
     from webhook.deadline import DEFAULT_REQUEST_TIMEOUT
     from webhook.karpenter import Mode
+    from webhook.priority import DEFAULT_NAMESPACES
 
     parser = OneLineParser(prog="tf-webhook", description="Serve the admission webhook, or show what it does "
                                                           "to a pod or workload offline.")
@@ -41,9 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="serve the mutating admission webhook over HTTPS")
-    serve.add_argument("--port", type=int, default=9443, help="HTTPS port of the webhook (default 9443)")
+    serve.add_argument("--port", type=int_flag(0, 65535), default=9443,
+                       help="HTTPS port of the webhook (default 9443)")
     serve.add_argument("--bind-address", default="0.0.0.0", help="listen address (default 0.0.0.0)")
-    serve.add_argument("--metrics-port", type=int, default=0,
+    serve.add_argument("--metrics-port", type=int_flag(0, 65535), default=0,
                        help="also serve /metrics, /healthz and /readyz over plain HTTP on this port "
                             "(default 0: off; they are always on the HTTPS port too)")
     serve.add_argument("--cert-dir", required=True, type=Path,
@@ -63,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help='add karpenter.sh/do-not-disrupt: "true" to mutated pods, so Karpenter does not '
                             "consolidate nodes under them: auto (while the API serves Karpenter's "
                             "NodeClaims), true, false")
+    serve.add_argument("--qos-priority-namespaces", default=DEFAULT_NAMESPACES, metavar="NS[,NS...]",
+                       help="the namespaces whose pods may get the high and critical QoS priority "
+                            "classes (tensor-fusion-high, tensor-fusion-critical); elsewhere a pod asking "
+                            "for them is denied naming tensor-fusion.ai/qos; * for every namespace "
+                            f"(default {DEFAULT_NAMESPACES})")
+    serve.add_argument("--qos-priority-pools", default="", metavar="POOL[,POOL...]",
+                       help="GPUPools whose pods may get those priority classes in any namespace "
+                            "(default none)")
     add_config_argument(serve, ENV_PREFIX)
 
     add_mutate_arguments(commands.add_parser(
@@ -147,7 +158,15 @@ def run_mutate(args: argparse.Namespace) -> int:
 
 
 def _read_text(path: str) -> str:
-    return sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    from extender.common.yamlio import YAMLFileError, read_text_file
+    from webhook.view import ObjectsError
+
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return read_text_file(path)
+    except YAMLFileError as exc:
+        raise ObjectsError(str(exc)) from None
 
 
 def _read_object(path: str) -> dict[str, Any]:
@@ -186,6 +205,7 @@ async def serve(args: argparse.Namespace) -> int:
     from webhook.caches import ServingCaches
     from webhook.karpenter import DoNotDisruptSwitch, Mode, api_probe, running
     from webhook.memo import MutationCache
+    from webhook.priority import PriorityPolicy
     from webhook.replay import ReviewReplay
     from webhook.server import WebhookService, admission_log, create_monitoring_server, create_server
 
@@ -197,7 +217,9 @@ async def serve(args: argparse.Namespace) -> int:
     service = WebhookService(caches.view_for, caches.ready, scheduler_name=args.scheduler_name,
                              request_timeout=args.request_timeout, do_not_disrupt=lambda: switch.enabled,
                              mutation_cache=MutationCache(), generation=lambda: caches.generation,
-                             replay=ReviewReplay(), owner_token=caches.owner_token)
+                             replay=ReviewReplay(), owner_token=caches.owner_token,
+                             priority=PriorityPolicy.from_lists(args.qos_priority_namespaces,
+                                                                args.qos_priority_pools))
     service.metrics.track_certificate(Path(args.cert_dir) / TLS_CERT)
     if service.replay is not None:
         service.metrics.track_replay(service.replay)

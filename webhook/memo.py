@@ -31,8 +31,9 @@ from typing import Any
 import orjson
 
 from extender.common.contract import GPURequest
-from webhook.mutation import Denial, is_opted_in, mutate, set_index
+from webhook.mutation import EVERYWHERE, Denial, is_opted_in, mutate, set_index
 from webhook.patch import PatchOp, diff
+from webhook.priority import PriorityPolicy
 from webhook.view import ClusterView, KubeObject
 from webhook.workload import workload_name
 
@@ -87,16 +88,18 @@ class MutationCache:
 
     def mutate(self, pod: KubeObject, view: ClusterView, *, scheduler_name: str, index: int,
                namespace: str | None = None, do_not_disrupt: bool = False,
-               generation: Hashable = 0, plain_json: bool = False) -> Mutation:
+               generation: Hashable = 0, plain_json: bool = False,
+               priority: PriorityPolicy = EVERYWHERE) -> Mutation:
         """The same patch (or denial) ``webhook.mutation.mutate`` gives for these arguments, provided
         ``generation`` changed whenever the view's pools, profiles or templates did. ``plain_json``: the pod
         was decoded by orjson (``webhook.admission.Request.plain_json``), so orjson's text of it is exact."""
-        key = self._key(pod, view, scheduler_name, namespace, do_not_disrupt, generation, plain_json)
+        key = self._key(pod, view, scheduler_name, namespace, do_not_disrupt, (generation, priority),
+                        plain_json)
         entry = self._entries.get(key) if key is not None else None
         if entry is None:
             self.misses += 1
             result = mutate(pod, view, scheduler_name=scheduler_name, index=index, namespace=namespace,
-                            do_not_disrupt=do_not_disrupt)
+                            do_not_disrupt=do_not_disrupt, priority=priority)
             mutation = Mutation(result.patch, result.denial, result.skipped, result.request)
             if key is not None:
                 mutation = Mutation(result.patch, result.denial, result.skipped, result.request,

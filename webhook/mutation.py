@@ -24,6 +24,7 @@ from extender.common.contract import (
     INJECT_CONTAINER,
     NATIVE_GPU_RESOURCES,
     POOL_LABEL,
+    QOS,
     USED_BY_TAINT_KEY,
     USED_BY_TAINT_VALUE,
     WORKLOAD_LABEL,
@@ -38,12 +39,14 @@ from extender.common.contract import (
     index_resource,
     native_gpu_count,
     parse_request,
-    profile_annotations,
     render_annotations,
 )
+from extender.common.pods import as_map
+from extender.common.profiles import ProfileError, profile_annotations
 from extender.kube.selectors import selects
 from webhook.karpenter import add_do_not_disrupt
 from webhook.patch import PatchOp, diff
+from webhook.priority import PriorityPolicy
 from webhook.quota_defaults import quota_defaults
 from webhook.view import ClusterView, KubeObject, name_of
 from webhook.workload import label_value, workload_name
@@ -56,6 +59,7 @@ USED_BY_TOLERATION: dict[str, str] = {
     "effect": TOLERATION_EFFECT,
 }
 PRIORITY_CLASSES = {QoS.HIGH: "tensor-fusion-high", QoS.CRITICAL: "tensor-fusion-critical"}
+EVERYWHERE = PriorityPolicy()  # the offline mutate's: every namespace (serve passes its flags')
 
 # Denial reasons that are rules rather than annotation keys.
 REASON_POD_SHAPE = "pod-shape"
@@ -89,10 +93,12 @@ def is_opted_in(pod: Mapping[str, Any]) -> bool:
 
 
 def mutate(pod: KubeObject, view: ClusterView, *, scheduler_name: str, index: int,
-           namespace: str | None = None, do_not_disrupt: bool = False) -> MutationResult:
+           namespace: str | None = None, do_not_disrupt: bool = False,
+           priority: PriorityPolicy = EVERYWHERE) -> MutationResult:
     """Mutate ``pod`` (an API JSON dict, left unchanged). ``index`` is used only when the pod has none yet;
     ``namespace`` defaults to the pod's own, then ``default``. ``do_not_disrupt`` adds
     ``karpenter.sh/do-not-disrupt: "true"`` unless the pod sets it (see ``webhook.karpenter``).
+    ``priority`` says where the high and critical priority classes are granted (``webhook.priority``).
     """
     if not is_opted_in(pod):
         return MutationResult(pod=pod, skipped=True)
@@ -104,7 +110,7 @@ def mutate(pod: KubeObject, view: ClusterView, *, scheduler_name: str, index: in
         return MutationResult(pod=pod, denial=forged)
     namespace = namespace or str(pod["metadata"].get("namespace") or "") or "default"
     try:
-        mutated, request, positions = _mutated(pod, view, namespace, scheduler_name, index)
+        mutated, request, positions = _mutated(pod, view, namespace, scheduler_name, index, priority)
         if do_not_disrupt:
             add_do_not_disrupt(mutated["metadata"]["annotations"])
     except ContractError as exc:
@@ -160,7 +166,7 @@ def _shape_problem(pod: KubeObject) -> str | None:
 
 
 def _mutated(pod: KubeObject, view: ClusterView, namespace: str, scheduler_name: str,
-             index: int) -> tuple[KubeObject, GPURequest, tuple[int, ...]]:
+             index: int, priority: PriorityPolicy) -> tuple[KubeObject, GPURequest, tuple[int, ...]]:
     new = json.loads(json.dumps(pod))  # a deep copy; several times faster than copy.deepcopy for JSON
     metadata = new["metadata"]
     spec = new["spec"]
@@ -207,6 +213,14 @@ def _mutated(pod: KubeObject, view: ClusterView, namespace: str, scheduler_name:
     if not any(_is_used_by_toleration(t) for t in tolerations):
         spec["tolerations"] = [*tolerations, dict(USED_BY_TOLERATION)]
     priority_class = PRIORITY_CLASSES.get(request.qos)
+    if priority_class and not priority.grants(namespace, request.pool):
+        if QOS in inputs or QOS in profile_values:  # asked for: a clear no rather than a silent downgrade
+            raise ContractError(QOS, request.qos.value,
+                                f"the priority class {priority_class} is granted only in {priority.where()}; "
+                                f"namespace {namespace}, pool {request.pool} is not listed (ask your "
+                                "administrator, or use qos medium or low)",
+                                profile_source if QOS not in inputs else None)
+        priority_class = None  # high by derivation or by the pool's default: the QoS, not the class
     if priority_class and not spec.get("priorityClassName"):
         spec["priorityClassName"] = priority_class
         # The Priority admission plugin resolves the class into these; stale values would conflict.
@@ -260,14 +274,19 @@ def _profile(annotations: Mapping[str, Any], namespace: str,
     profile = view.profile(namespace, name)
     if profile is None:
         raise ContractError(WORKLOAD_PROFILE, raw, f"no such WorkloadProfile in namespace {namespace}")
-    return profile_annotations(profile.get("spec") or {}), f"WorkloadProfile {namespace}/{name}"
+    try:
+        values = profile_annotations(profile.get("spec") or {})
+    except ProfileError as exc:
+        raise ContractError(WORKLOAD_PROFILE, raw, f"WorkloadProfile {namespace}/{name} {exc}") from None
+    return values, f"WorkloadProfile {namespace}/{name}"
 
 
 def _pool_defaults(pool: KubeObject | None) -> PoolDefaults | None:
     if pool is None:
         return None
-    raw = ((pool.get("spec") or {}).get("qosConfig") or {}).get("defaultQoS")
-    default_qos = QoS(raw) if raw in {q.value for q in QoS} else None
+    raw = as_map(as_map(pool.get("spec")).get("qosConfig")).get("defaultQoS")
+    # a free-form field (the CRD keeps what a user writes): anything but one of the names is no default
+    default_qos = QoS(raw) if isinstance(raw, str) and raw in {q.value for q in QoS} else None
     return PoolDefaults(name=name_of(pool), default_qos=default_qos)
 
 
@@ -275,16 +294,17 @@ def _template_autoscale(request: GPURequest, view: ClusterView, labels: Mapping[
                         *, explicit_target: bool) -> GPURequest:
     """Autoscaling from the first matching, enabled vertical scaling rule of the pool's template."""
     pool = view.pool(request.pool)
-    template_name = ((pool or {}).get("spec") or {}).get("schedulingConfigTemplate")
-    template = view.template(str(template_name)) if template_name else None
+    template_name = as_map(as_map(pool).get("spec")).get("schedulingConfigTemplate")
+    template = view.template(template_name) if isinstance(template_name, str) and template_name else None
     if template is None:
         return request
-    rules = (template.get("spec") or {}).get("verticalScalingRules") or []
+    rules = as_map(template.get("spec")).get("verticalScalingRules")
+    rules = rules if isinstance(rules, list) else []  # a wrong type: no rule (the extender names it)
     string_labels = {str(k): str(v) for k, v in labels.items()}
     for position, rule in enumerate(rules):
         if not isinstance(rule, dict):
             continue
-        auto = ((rule.get("autoScaling") or {}).get("autoSetResources")) or {}
+        auto = as_map(as_map(rule.get("autoScaling")).get("autoSetResources"))
         # a malformed rule selects nothing
         if not selects(rule.get("selector"), string_labels) or auto.get("enable") is not True:
             continue
@@ -293,7 +313,7 @@ def _template_autoscale(request: GPURequest, view: ClusterView, labels: Mapping[
         if raw_target and not explicit_target:
             try:
                 target = AutoscaleTarget(raw_target)
-            except ValueError as exc:
+            except (ValueError, TypeError) as exc:
                 rule_name = rule.get("name") or f"#{position}"
                 allowed = ", ".join(t.value for t in AutoscaleTarget)
                 raise ContractError(AUTOSCALE_TARGET, raw_target, f"unknown value; allowed: {allowed}",

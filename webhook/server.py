@@ -32,6 +32,8 @@ from webhook.deadline import DEFAULT_REQUEST_TIMEOUT, DEFAULT_TICK, Deadlines
 from webhook.index import IndexAllocator
 from webhook.memo import MutationCache
 from webhook.metrics import CONTENT_TYPE, WebhookMetrics
+from webhook.mutation import EVERYWHERE
+from webhook.priority import PriorityPolicy
 from webhook.replay import ReviewReplay
 from webhook.view import ClusterView, KubeObject
 from webhook.workload import owner_to_fetch
@@ -59,7 +61,8 @@ class WebhookService:
                  mutation_cache: MutationCache | None = None,
                  generation: Callable[[], Hashable] = lambda: 0,
                  replay: ReviewReplay | None = None,
-                 owner_token: Callable[[Hashable], object] = lambda owner: None) -> None:
+                 owner_token: Callable[[Hashable], object] = lambda owner: None,
+                 priority: PriorityPolicy = EVERYWHERE) -> None:
         """``mutation_cache`` and ``replay`` need ``generation`` to change whenever what ``view_for`` sees of
         pools, profiles and templates does (``ServingCaches.generation``); ``replay`` also needs
         ``owner_token`` to give, for an owner key (namespace, kind, name), a value equal to the last one
@@ -69,6 +72,7 @@ class WebhookService:
         self.generation = generation
         self.replay = replay
         self.owner_token = owner_token
+        self.priority = priority  # where the high and critical priority classes are granted
         self.do_not_disrupt = do_not_disrupt
         self.ready = ready
         self.scheduler_name = scheduler_name
@@ -157,6 +161,7 @@ async def handle_mutate(service: WebhookService, max_body_bytes: int,
     started = time.perf_counter()
     uid: str | None = None
     fields: dict[str, Any] = {}
+    reading = True  # until the whole body is in: a timeout then is the client's (408), not ours
     try:
         with service.deadlines.bound(service.request_timeout):
             encoding = request.headers.get("Content-Encoding")
@@ -171,6 +176,7 @@ async def handle_mutate(service: WebhookService, max_body_bytes: int,
                 raise
             except Exception as exc:  # e.g. a Content-Encoding the body does not decode with
                 raise ReviewError(f"body cannot be read: {describe_exception(exc, 200)}") from exc
+            reading = False
             index = _IndexDraw(service.allocator)
             replay = service.replay
             replayed = replay.answer(body, service.replay_context, index.draw) if replay is not None else None
@@ -195,9 +201,14 @@ async def handle_mutate(service: WebhookService, max_body_bytes: int,
         decision = Decision({}, outcome, "malformed-review", str(exc))
         response = web.json_response(deny(uid, str(exc), 400)) if uid else _error(400, str(exc))
     except TimeoutError:
-        message = f"admission timed out after {service.request_timeout}s"
-        decision = Decision({}, Outcome.ERROR, "timeout", message)
-        response = web.json_response(deny(uid, message, 504)) if uid else _error(504, message)
+        if reading:  # the client did not send its body in time: its error (408), not ours
+            message = f"the AdmissionReview body did not arrive within {service.request_timeout}s"
+            decision = Decision({}, Outcome.ERROR, "body-timeout", message)
+            response = _error(408, message)
+        else:
+            message = f"admission timed out after {service.request_timeout}s"
+            decision = Decision({}, Outcome.ERROR, "timeout", message)
+            response = web.json_response(deny(uid, message, 504)) if uid else _error(504, message)
     except Exception as exc:  # the catch-all: a denial (or a 400 without a uid) and one log line
         detail = describe_exception(exc)
         log.warning("admission failed", extra={**fields, "error": detail})
@@ -242,7 +253,7 @@ async def _decide(service: WebhookService, body: bytes, review: Request, index: 
     view = await service.view_for(review.object or {}, namespace)
     decision = admit(review, view, scheduler_name=service.scheduler_name, next_index=index,
                      do_not_disrupt=service.do_not_disrupt(), cache=service.mutation_cache,
-                     generation=service.generation())
+                     generation=service.generation(), priority=service.priority)
     answer = encode_review(decision.response)
     if service.replay is not None and review.plain_json:
         wanted = owner_to_fetch(review.object) if review.object is not None else None

@@ -9,6 +9,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from extender.common.fields import as_object, get_list, get_map, get_str, get_string_map
+from extender.common.numbers import parse_int, shown
+
 # Replaced by the GPUNodeClaim's name in spec.userData (TensorFusion: ProvisionerNamePlaceholder); the user
 # data must set the Node label tensor-fusion.ai/node-provisioner to it so the Node joins its claim.
 CLAIM_PLACEHOLDER = "__GPU_NODE_RESOURCE_NAME__"
@@ -74,9 +77,9 @@ def _terms(raw: Any, where: str, problems: list[str]) -> tuple[SelectorTerm, ...
     for i, item in enumerate(raw):
         term = (
             SelectorTerm(
-                str((item or {}).get("id") or ""),
-                str((item or {}).get("name") or ""),
-                _strings((item or {}).get("tags")),
+                get_str(item, "id", f"{where}[{i}].id", problems),
+                get_str(item, "name", f"{where}[{i}].name", problems),
+                get_string_map(item, "tags", f"{where}[{i}].tags", problems),
             )
             if isinstance(item, Mapping)
             else None
@@ -95,28 +98,31 @@ def volume_gib(size: str) -> int:
         if text.endswith(suffix):
             text = text[: -len(suffix)]
             break
-    value = int(text)
-    if value <= 0:
-        raise ValueError(size)
-    return value
+    return parse_int(text, minimum=1)
 
 
-def _bool(raw: Any, default: bool) -> bool:
+def _bool(parent: Mapping[str, Any], key: str, default: bool, where: str, problems: list[str]) -> bool:
+    raw = parent.get(key)
     if raw is None:
         return default
     if isinstance(raw, bool):
         return raw
-    return str(raw).strip().lower() == "true"
+    if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
+        return raw.strip().lower() == "true"
+    problems.append(f"{where}.{key}={shown(raw)}: expected true or false")
+    return default
 
 
 def parse_node_class(obj: Mapping[str, Any]) -> NodeClass:
-    name = str((obj.get("metadata") or {}).get("name") or "")
-    spec = obj.get("spec") or {}
     problems: list[str] = []
+    meta = get_map(as_object(obj), "metadata", "metadata", problems)
+    name = get_str(meta, "name", "metadata.name", problems)
+    spec = get_map(as_object(obj), "spec", "spec", problems)
     template = None
-    raw_template = spec.get("launchTemplate")
-    if isinstance(raw_template, Mapping) and (raw_template.get("id") or raw_template.get("name")):
-        template = SelectorTerm(str(raw_template.get("id") or ""), str(raw_template.get("name") or ""))
+    raw_template = get_map(spec, "launchTemplate", "spec.launchTemplate", problems)
+    if raw_template.get("id") or raw_template.get("name"):
+        template = SelectorTerm(get_str(raw_template, "id", "spec.launchTemplate.id", problems),
+                                get_str(raw_template, "name", "spec.launchTemplate.name", problems))
     images = _terms(spec.get("osImageSelectorTerms"), "spec.osImageSelectorTerms", problems)
     if not images and template is None and not any("osImageSelectorTerms" in p for p in problems):
         problems.append(
@@ -124,62 +130,69 @@ def parse_node_class(obj: Mapping[str, Any]) -> NodeClass:
             "unless spec.launchTemplate names one"
         )
     metadata = None
-    raw_md = spec.get("metadataOptions")
-    if isinstance(raw_md, Mapping):
+    raw_md = get_map(spec, "metadataOptions", "spec.metadataOptions", problems)
+    if raw_md:
         hop = raw_md.get("httpPutResponseHopLimit", 1)
         try:
-            hop_limit = int(hop)
-            if not 1 <= hop_limit <= 64:
-                raise ValueError
-        except (TypeError, ValueError):
-            problems.append(f"spec.metadataOptions.httpPutResponseHopLimit={hop!r}: expected 1 to 64")
+            hop_limit = parse_int(hop, minimum=1, maximum=64)
+        except ValueError:
+            problems.append(f"spec.metadataOptions.httpPutResponseHopLimit={shown(hop)}: expected 1 to 64")
             hop_limit = 1
-        tokens = str(raw_md.get("httpTokens") or "required")
+        tokens = raw_md.get("httpTokens")
+        tokens = "required" if tokens is None or tokens == "" else tokens
         if tokens not in ("required", "optional"):
-            problems.append(f"spec.metadataOptions.httpTokens={tokens!r}: expected required or optional")
+            problems.append(f"spec.metadataOptions.httpTokens={shown(tokens)}: expected required or optional")
+            tokens = "required"
         metadata = MetadataOptions(
-            _bool(raw_md.get("httpEndpoint"), True),
-            _bool(raw_md.get("httpProtocolIPv6"), False),
+            _bool(raw_md, "httpEndpoint", True, "spec.metadataOptions", problems),
+            _bool(raw_md, "httpProtocolIPv6", False, "spec.metadataOptions", problems),
             hop_limit,
             tokens,
         )
     devices = []
-    for i, item in enumerate(spec.get("blockDeviceMappings") or []):
-        if not isinstance(item, Mapping) or not item.get("deviceName"):
-            problems.append(f"spec.blockDeviceMappings[{i}].deviceName: required")
+    for i, item in enumerate(get_list(spec, "blockDeviceMappings", "spec.blockDeviceMappings", problems)):
+        if not isinstance(item, Mapping) or not isinstance(item.get("deviceName"), str) \
+                or not item["deviceName"]:
+            problems.append(f"spec.blockDeviceMappings[{i}].deviceName="
+                            f"{shown(item.get('deviceName') if isinstance(item, Mapping) else item)}: "
+                            "required, a device name")
             continue
-        ebs = item.get("ebs") or {}
-        size = str(ebs.get("volumeSize") or "")
+        ebs = get_map(item, "ebs", f"spec.blockDeviceMappings[{i}].ebs", problems)
+        raw_size = ebs.get("volumeSize")
+        size = str(raw_size) if isinstance(raw_size, str | int) and not isinstance(raw_size, bool) else ""
+        if raw_size not in (None, "") and not size:
+            problems.append(f"spec.blockDeviceMappings[{i}].ebs.volumeSize={shown(raw_size)}: expected a "
+                            "size in GiB such as 100Gi")
         if size:
             try:
                 volume_gib(size)
             except ValueError:
                 problems.append(
-                    f"spec.blockDeviceMappings[{i}].ebs.volumeSize={size!r}: expected a size "
+                    f"spec.blockDeviceMappings[{i}].ebs.volumeSize={shown(size)}: expected a size "
                     "in GiB such as 100Gi"
                 )
         devices.append(
             BlockDevice(
                 str(item["deviceName"]),
                 size,
-                str(ebs.get("volumeType") or ""),
-                _bool(ebs.get("deleteOnTermination"), True),
-                _bool(ebs.get("encrypted"), True),
+                get_str(ebs, "volumeType", f"spec.blockDeviceMappings[{i}].ebs.volumeType", problems),
+                _bool(ebs, "deleteOnTermination", True, f"spec.blockDeviceMappings[{i}].ebs", problems),
+                _bool(ebs, "encrypted", True, f"spec.blockDeviceMappings[{i}].ebs", problems),
             )
         )
     return NodeClass(
         name=name,
         launch_template=template,
-        os_image_type=str(spec.get("osImageType") or "Private"),
+        os_image_type=get_str(spec, "osImageType", "spec.osImageType", problems, "Private"),
         images=images,
-        instance_profile=str(spec.get("instanceProfile") or ""),
+        instance_profile=get_str(spec, "instanceProfile", "spec.instanceProfile", problems),
         metadata_options=metadata,
         security_groups=_terms(
             spec.get("securityGroupSelectorTerms"), "spec.securityGroupSelectorTerms", problems
         ),
         subnets=_terms(spec.get("subnetSelectorTerms"), "spec.subnetSelectorTerms", problems),
         block_devices=tuple(devices),
-        tags=_strings(spec.get("tags")),
-        user_data=str(spec.get("userData") or ""),
+        tags=get_string_map(spec, "tags", "spec.tags", problems),
+        user_data=get_str(spec, "userData", "spec.userData", problems),
         problems=tuple(problems),
     )

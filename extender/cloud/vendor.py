@@ -10,11 +10,14 @@ client at another endpoint (a VPC endpoint, or a local emulator).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import urllib.parse
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from extender.cloud.provider import AuthFailure
+from extender.common.fields import get_map, get_str
+from extender.common.numbers import shown
 
 VENDORS = ("aws", "alibaba")
 ACCESS_KEY, SERVICE_ACCOUNT_ROLE = "accessKey", "serviceAccountRole"
@@ -43,27 +46,36 @@ class VendorConfig:
 
 
 def parse_vendor(raw: Any, where: str = "spec.computingVendor") -> VendorConfig:
-    if not isinstance(raw, Mapping):
+    if raw is None:
         return VendorConfig("", problems=(f"{where}: missing",))
-    params = raw.get("params") or {}
+    if not isinstance(raw, Mapping):
+        return VendorConfig("", problems=(f"{where}={shown(raw)}: expected an object",))
     problems: list[str] = []
-    vendor = str(raw.get("type") or "")
+    params = get_map(raw, "params", f"{where}.params", problems)
+    vendor = get_str(raw, "type", f"{where}.type", problems)
     if vendor not in VENDORS:
         problems.append(
-            f"{where}.type={vendor!r}: the extender launches VMs on {' or '.join(VENDORS)} "
+            f"{where}.type={shown(vendor)}: the extender launches VMs on {' or '.join(VENDORS)} "
             "(karpenter: use provisioningMode Karpenter)"
         )
-    auth = str(raw.get("authType") or "")
+    auth = get_str(raw, "authType", f"{where}.authType", problems)
     if auth not in ("", ACCESS_KEY, SERVICE_ACCOUNT_ROLE):
-        problems.append(f"{where}.authType={auth!r}: expected {ACCESS_KEY} or {SERVICE_ACCOUNT_ROLE}")
+        problems.append(f"{where}.authType={shown(auth)}: expected {ACCESS_KEY} or {SERVICE_ACCOUNT_ROLE}")
+    extra = get_map(params, "extraParams", f"{where}.params.extraParams", problems)
+    for key, value in extra.items():
+        if not isinstance(value, str):
+            problems.append(f"{where}.params.extraParams.{key}={shown(value)}: expected a string")
+    enable = raw.get("enable")
+    if enable is not None and not isinstance(enable, bool):
+        problems.append(f"{where}.enable={shown(enable)}: expected true or false")
     config = VendorConfig(
         type=vendor,
         auth_type=auth,
-        region=str(params.get("defaultRegion") or ""),
-        access_key_path=str(params.get("accessKeyPath") or ""),
-        secret_key_path=str(params.get("secretKeyPath") or ""),
-        extra={str(k): str(v) for k, v in (params.get("extraParams") or {}).items()},
-        enabled=raw.get("enable") is not False,
+        region=get_str(params, "defaultRegion", f"{where}.params.defaultRegion", problems),
+        access_key_path=get_str(params, "accessKeyPath", f"{where}.params.accessKeyPath", problems),
+        secret_key_path=get_str(params, "secretKeyPath", f"{where}.params.secretKeyPath", problems),
+        extra={str(k): v for k, v in extra.items() if isinstance(v, str)},
+        enabled=enable is not False,
     )
     if not config.region:
         problems.append(f"{where}.params.defaultRegion: required")
@@ -77,8 +89,9 @@ def read_vendor_file(path: str) -> VendorConfig:
     Raises OSError or yaml.YAMLError when it cannot be read."""
     import yaml
 
-    with open(path, encoding="utf-8") as handle:
-        raw = yaml.safe_load(handle)
+    from extender.common.yamlio import read_text_file
+
+    raw = yaml.safe_load(read_text_file(path))
     if isinstance(raw, Mapping) and "computingVendor" in raw:
         raw = raw["computingVendor"]
     return parse_vendor(raw, "computingVendor")
@@ -87,19 +100,85 @@ def read_vendor_file(path: str) -> VendorConfig:
 DEFAULT_KEY_DIR = "/tmp"  # TensorFusion's chart mounts its Secret at /tmp/secret
 
 
-def confined(config: VendorConfig, key_dir: str, where: str) -> VendorConfig:
-    """A computingVendor from a cluster object may name key files only under ``key_dir`` (symlinks
-    resolved, as kubelet's Secret mounts use them). Otherwise whoever may write a TensorFusionCluster
-    could name any file the extender can read, the ServiceAccount token included, and an endpoint of
-    theirs, and receive the file's contents as the access key id in every signed request."""
-    if not key_dir:
-        return config
-    root = os.path.realpath(key_dir)
+ENDPOINT_KEYS = ("endpoint", "vpcEndpoint")  # the extraParams that point a cloud client at a host
+ENDPOINT_FLAG = "--cloud-endpoint-allow"
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    scheme: str
+    host: str
+    port: int | None
+
+
+def parse_endpoint(text: str) -> Endpoint:
+    """``https://host[:port][/path]``, ``http://...`` or a bare ``host[:port]`` (HTTPS, as the clients take
+    it); ``ValueError`` for anything else (user info, another scheme, no host, a bad port)."""
+    raw = text.strip()
+    if "://" not in raw:
+        raw = "https://" + raw
+    try:
+        parts = urllib.parse.urlsplit(raw)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"{text!r} is not an endpoint URL: {exc}") from None
+    if parts.scheme not in ("https", "http") or not parts.hostname or "@" in parts.netloc:
+        raise ValueError(f"{text!r} is not an https:// endpoint of a host")
+    return Endpoint(parts.scheme, parts.hostname.lower(), port)
+
+
+def parse_endpoint_allow(text: str) -> tuple[Endpoint, ...]:
+    """The ``--cloud-endpoint-allow`` list: comma-separated ``host[:port]`` or ``https://host[:port]`` (no
+    port: any port of the host). ``http://`` only for a loopback host (a local emulator); ``ValueError``."""
+    out = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        endpoint = parse_endpoint(item)
+        if endpoint.scheme != "https" and endpoint.host not in _LOOPBACK:
+            raise ValueError(f"{item!r}: only https:// endpoints may be allowed (http:// only on a "
+                             "loopback host, for a local emulator)")
+        out.append(endpoint)
+    return tuple(out)
+
+
+def endpoint_problem(url: str, allowed: Sequence[Endpoint]) -> str | None:
+    """Why a computingVendor from a cluster object may not point the cloud client at ``url``, or None."""
+    try:
+        wanted = parse_endpoint(url)
+    except ValueError as exc:
+        return str(exc)
+    for entry in allowed:
+        if (entry.scheme, entry.host) == (wanted.scheme, wanted.host) and entry.port in (None, wanted.port):
+            return None
+    if not allowed:
+        return f"endpoints from cluster objects are not used unless {ENDPOINT_FLAG} lists them"
+    return f"not listed in {ENDPOINT_FLAG} (https only)"
+
+
+def confined(config: VendorConfig, key_dir: str, where: str,
+             endpoints: Sequence[Endpoint] | None = None) -> VendorConfig:
+    """A computingVendor from a cluster object (or a claim's recorded one) may name key files only under
+    ``key_dir`` (symlinks resolved, as kubelet's Secret mounts use them), and point the client only at an
+    endpoint in ``endpoints`` (``--cloud-endpoint-allow``; None: not checked, for the offline tools, which
+    call no cloud). Otherwise whoever may write a TensorFusionCluster or patch a GPUNodeClaim could name any
+    file the extender can read, the ServiceAccount token included, and an endpoint of theirs, and receive
+    the file's contents as the access key id in every signed request."""
     problems = []
-    for path, what in ((config.access_key_path, "accessKeyPath"), (config.secret_key_path, "secretKeyPath")):
-        if path and os.path.commonpath([root, os.path.realpath(path)]) != root:
-            problems.append(f"{where}.params.{what}={path!r}: key files are read only under "
-                            f"--cloud-key-dir {key_dir}")
+    if key_dir:
+        root = os.path.realpath(key_dir)
+        for path, what in ((config.access_key_path, "accessKeyPath"),
+                           (config.secret_key_path, "secretKeyPath")):
+            if path and os.path.commonpath([root, os.path.realpath(path)]) != root:
+                problems.append(f"{where}.params.{what}={path!r}: key files are read only under "
+                                f"--cloud-key-dir {key_dir}")
+    if endpoints is not None:
+        for key in ENDPOINT_KEYS:
+            url = config.extra.get(key)
+            problem = endpoint_problem(url, endpoints) if url else None
+            if problem is not None:
+                problems.append(f"{where}.params.extraParams.{key}={shown(url)}: {problem}")
     return replace(config, problems=(*config.problems, *problems)) if problems else config
 
 

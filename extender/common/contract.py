@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from extender.common.labels import AMD_GPU, NVIDIA_GPU
 from extender.common.labels import DOMAIN as DOMAIN  # the pod contract's domain, read here by its parsers
 from extender.common.labels import key as _key
+from extender.common.numbers import MAX_DIGITS, NumberError, parse_int
 from extender.common.quantity import Format, QuantityError, format_quantity, parse_quantity
 
 # Labels
@@ -317,33 +318,6 @@ def render_annotations(request: GPURequest) -> dict[str, str]:
     return out
 
 
-def profile_annotations(spec: Mapping[str, Any]) -> dict[str, str]:
-    """Translate a WorkloadProfile ``spec`` into the annotation keys it provides defaults for."""
-    out: dict[str, str] = {}
-    resources = spec.get("resources") or {}
-    for section, fields in (("requests", (TFLOPS_REQUEST, VRAM_REQUEST, PERCENT_REQUEST)),
-                            ("limits", (TFLOPS_LIMIT, VRAM_LIMIT, PERCENT_LIMIT))):
-        amounts = resources.get(section) or {}
-        for name, key in zip(("tflops", "vram", "compute"), fields, strict=True):
-            if amounts.get(name) is not None:
-                out[key] = str(amounts[name])
-    scalar_fields = {
-        "gpuCount": GPU_COUNT, "gpuModel": GPU_MODEL, "vendor": VENDOR, "isolation": ISOLATION,
-        "qos": QOS, "poolName": GPU_POOL,
-    }
-    for name, key in scalar_fields.items():
-        if spec.get(name) not in (None, ""):
-            out[key] = str(spec[name])
-    if spec.get("gpuIndices"):
-        out[GPU_INDICES] = ",".join(str(i) for i in spec["gpuIndices"])
-    auto = ((spec.get("autoScalingConfig") or {}).get("autoSetResources")) or {}
-    if auto.get("enable") is not None:
-        out[AUTOSCALE] = "true" if auto["enable"] else "false"
-        if auto.get("targetResource"):
-            out[AUTOSCALE_TARGET] = str(auto["targetResource"])
-    return out
-
-
 # Pod index encoding (DESIGN §3): index N in 1..128 is the resource
 # ``index_<hex((N-1) div 8)>`` with quantity ``((N-1) mod 8)+1``.
 
@@ -364,8 +338,11 @@ def decode_index(resources: Mapping[str, object]) -> int | None:
         if not name.startswith(INDEX_RESOURCE_PREFIX):
             continue
         try:
-            group = int(name[len(INDEX_RESOURCE_PREFIX):], 16)
-            position = int(str(raw))
+            suffix = name[len(INDEX_RESOURCE_PREFIX):]
+            if len(suffix) > MAX_DIGITS:
+                return None
+            group = int(suffix, 16)
+            position = parse_int(str(raw))
         except ValueError:
             return None
         if 0 <= group < MAX_POD_INDEX // 8 and 1 <= position <= 8:
@@ -481,9 +458,13 @@ def _gpu_indices(values: _Layered) -> tuple[int, ...]:
     if raw is None or raw == "":
         return ()
     parts = [p.strip() for p in raw.split(",")]
-    if not all(p.isdigit() and p.isascii() for p in parts):
-        raise values.error(GPU_INDICES, "must be a comma-separated list of non-negative integers")
-    indices = tuple(int(p) for p in parts)
+    try:
+        if not all(p.isdigit() for p in parts):
+            raise NumberError("negative or not a number")
+        indices = tuple(parse_int(p, minimum=0) for p in parts)
+    except NumberError:
+        raise values.error(GPU_INDICES, "must be a comma-separated list of non-negative integers "
+                           f"(at most {MAX_DIGITS} digits each)") from None
     if len(set(indices)) != len(indices):
         raise values.error(GPU_INDICES, "lists the same GPU index twice")
     if len(indices) > MAX_GPU_COUNT:
@@ -500,9 +481,12 @@ def _gpu_count(values: _Layered, indices: tuple[int, ...], native: int | None) -
         if not 1 <= count <= MAX_GPU_COUNT:
             raise ContractError(NVIDIA_GPU, count, f"GPU count must be within 1..{MAX_GPU_COUNT}")
         return count
-    if not (raw.isdigit() and raw.isascii()) or not 1 <= int(raw) <= MAX_GPU_COUNT:
-        raise values.error(GPU_COUNT, f"must be an integer within 1..{MAX_GPU_COUNT}")
-    count = int(raw)
+    try:
+        if not raw.isdigit():
+            raise NumberError("not digits")
+        count = parse_int(raw, minimum=1, maximum=MAX_GPU_COUNT)
+    except NumberError:
+        raise values.error(GPU_COUNT, f"must be an integer within 1..{MAX_GPU_COUNT}") from None
     if indices and count != len(indices):
         raise values.error(GPU_COUNT, f"does not match the {len(indices)} GPUs listed in {GPU_INDICES}")
     if native and count != native:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import difflib
 import os
 import re
@@ -23,7 +24,11 @@ from typing import Any
 
 import yaml
 
+from extender.common.numbers import NumberError, parse_float
 from extender.common.timefmt import format_duration, parse_duration
+from extender.common.yamlio import YAMLFileError, read_text_file
+
+MAX_CONFIG_BYTES = 1024 * 1024  # a config file of settings, not a data file
 
 CONFIG_FLAG = "--config"
 _BARE_NUMBER = re.compile(r"^\s*\d+(?:\.\d*)?\s*$|^\s*\.\d+\s*$")
@@ -50,7 +55,10 @@ class DurationType:
     def __call__(self, text: str) -> float:
         bare = self.legacy_seconds and _BARE_NUMBER.match(text) is not None
         if bare:
-            seconds = float(text)
+            try:
+                seconds = parse_float(text, maximum=dt.timedelta.max.total_seconds())
+            except NumberError as exc:
+                raise argparse.ArgumentTypeError(f"{exc} (seconds)") from None
         else:
             try:
                 seconds = parse_duration(text).total_seconds()
@@ -115,10 +123,9 @@ def load_yaml_file(path: str | Path) -> Any:
     """The one YAML document of ``path``; an ``OptionSourceError`` naming the file, line and column when
     it cannot be read or parsed."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror.lower() if isinstance(exc, OSError) and exc.strerror else exc
-        raise OptionSourceError(f"{path}: cannot read: {reason}") from None
+        text = read_text_file(str(path), MAX_CONFIG_BYTES)
+    except YAMLFileError as exc:
+        raise OptionSourceError(str(exc)) from None
     try:
         return yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:

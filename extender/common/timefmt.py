@@ -10,10 +10,20 @@ from __future__ import annotations
 import datetime as dt
 import re
 
+from extender.common.numbers import shown
+
 # Go's time.ParseDuration units, and its number forms: "1", "1.5", "1." and ".5".
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
                  "h": 3600.0}
+
+
+class DurationOverflowError(ValueError):
+    """A duration longer than a ``timedelta`` holds (``99999999999999h``): a ``ValueError`` like any other
+    bad duration, so every caller that names a bad setting names this one too."""
+
+
+MAX_DURATION_DAYS = dt.timedelta.max.days
 
 
 def parse_duration(text: str) -> dt.timedelta:
@@ -22,6 +32,8 @@ def parse_duration(text: str) -> dt.timedelta:
     Every part needs a unit, so a bare number (``5``, even ``0``) is refused; so is a sign: nothing here
     takes a negative duration. ``ValueError`` for anything else that is not a duration.
     """
+    if not isinstance(text, str):
+        raise ValueError(f"{shown(text)} is not a duration like 90s, 5m or 1h30m")
     raw = text.strip()
     position, seconds = 0, 0.0
     for match in _DURATION_PART.finditer(raw):
@@ -30,8 +42,12 @@ def parse_duration(text: str) -> dt.timedelta:
         seconds += float(match[1]) * _UNIT_SECONDS[match[2]]
         position = match.end()
     if not raw or position != len(raw):
-        raise ValueError(f"{text!r} is not a duration like 90s, 5m or 1h30m")
-    return dt.timedelta(seconds=seconds)
+        raise ValueError(f"{shown(text)} is not a duration like 90s, 5m or 1h30m")
+    try:
+        return dt.timedelta(seconds=seconds)
+    except OverflowError:
+        raise DurationOverflowError(f"{shown(text)} is longer than any duration can be "
+                                    f"(at most {MAX_DURATION_DAYS:,} days)") from None
 
 
 def parse_time(value: object) -> dt.datetime | None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from extender.common.numbers import shown
 from extender.common.quantity import Format, QuantityError, format_quantity, parse_quantity
 
 
@@ -78,15 +79,15 @@ UNLIMITED = Amount(Fraction(10**15), 1 << 80)  # stands for a dimension without 
 
 def parse_quantity_field(raw: object, field: str) -> Fraction:
     if isinstance(raw, bool) or raw is None:
-        raise CapacityError(f"{field}={raw!r}: not a quantity")
+        raise CapacityError(f"{field}={shown(raw)}: not a quantity")
     if isinstance(raw, int | float):
         raw = str(raw)
     try:
         value = parse_quantity(str(raw)).value
     except QuantityError as exc:
-        raise CapacityError(f"{field}={raw!r}: not a Kubernetes quantity") from exc
+        raise CapacityError(f"{field}={shown(raw)}: not a Kubernetes quantity") from exc
     if value < 0:
-        raise CapacityError(f"{field}={raw!r}: must not be negative")
+        raise CapacityError(f"{field}={shown(raw)}: must not be negative")
     return value
 
 
@@ -96,7 +97,7 @@ def parse_amount(raw: Any, field: str) -> Amount | None:
     if raw is None:
         return None
     if not isinstance(raw, Mapping):
-        raise CapacityError(f"{field}: expected a map with tflops and vram, got {raw!r}")
+        raise CapacityError(f"{field}={shown(raw)}: expected a map with tflops and vram")
     if raw.get("tflops") is None and raw.get("vram") is None:
         return None
     tflops = parse_quantity_field(raw["tflops"], f"{field}.tflops") if raw.get("tflops") is not None \

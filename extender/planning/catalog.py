@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from extender.common.numbers import NumberError, parse_int
 from extender.planning.amounts import Amount, CapacityError, parse_quantity_field
 from extender.scheduling import gpu_models
 
@@ -153,7 +154,7 @@ def parse_instance_type(raw: Mapping[str, Any], where: str) -> InstanceType:
         name=name, arch=str(raw.get("arch") or "amd64"), gpu_model=model or (spec.model if spec else ""),
         vendor=str(raw.get("vendor") or (spec.vendor if spec else "NVIDIA")), gpu_count=count,
         tflops_per_gpu=tflops, vram_per_gpu=vram, prices=prices,
-        vcpu=int(raw.get("vcpu") or 0),
+        vcpu=_vcpu(raw.get("vcpu"), f"{where}.vcpu"),
         memory=math.floor(parse_quantity_field(memory, f"{where}.memory")) if memory is not None else 0,
         zones=tuple(str(z) for z in raw.get("zones") or ()), region=str(raw.get("region") or ""),
     )
@@ -178,6 +179,8 @@ def parse_catalog(text: str, base: Catalog = DEFAULT_CATALOG) -> Catalog:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise CapacityError(f"catalog: not YAML: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # an integer of over 4,300 digits; nesting too deep
+        raise CapacityError(f"catalog: not readable YAML: {' '.join(str(exc).split())[:120]}") from None
     if isinstance(document, Mapping) and document.get("kind") == "ConfigMap":
         data = document.get("data") or {}
         if CONFIGMAP_KEY not in data:
@@ -190,6 +193,15 @@ def parse_catalog(text: str, base: Catalog = DEFAULT_CATALOG) -> Catalog:
     items = [parse_instance_type(raw, f"instanceTypes[{i}]") if isinstance(raw, Mapping) else
              _not_a_map(i) for i, raw in enumerate(document.get("instanceTypes") or [])]
     return merge(base, items, replace=bool(document.get("replaceDefaults")))
+
+
+def _vcpu(raw: object, where: str) -> int:
+    if raw is None or raw == "":
+        return 0
+    try:
+        return parse_int(raw, minimum=0)
+    except NumberError as exc:
+        raise CapacityError(f"{where}: {exc}") from None
 
 
 def _not_a_map(index: int) -> InstanceType:

@@ -7,12 +7,16 @@ one bad pool never stops the others; the controller reports them as events.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from extender.common.fields import as_object, get_list, get_map, get_str, get_string_map
 from extender.common.labels import MANUAL_COMPACTION
+from extender.common.logs import describe_exception
+from extender.common.numbers import shown
 from extender.common.timefmt import parse_duration, parse_time
 from extender.planning.amounts import UNLIMITED, Amount, CapacityError, parse_amount
 
@@ -72,21 +76,30 @@ class PoolConfig:
         return self.mode is ProvisioningMode.PROVISIONED and bool(self.gpu_node_class)
 
 
-def _string_map(raw: Any) -> dict[str, str]:
-    return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {}
-
-
 def pool_config(obj: Mapping[str, Any]) -> PoolConfig:
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    manager = spec.get("nodeManagerConfig") or {}
-    capacity = spec.get("capacityConfig") or {}
-    provisioner = manager.get("nodeProvisioner") or {}
-    problems: list[str] = []
+    """The pool's settings; total: a field of the wrong type is a problem naming it, and anything this
+    parser did not foresee is one too (the pool is then left alone, as any pool with a problem is)."""
     try:
-        mode = ProvisioningMode(str(manager.get("provisioningMode") or ProvisioningMode.AUTO_SELECT))
-    except ValueError:
-        problems.append(f"nodeManagerConfig.provisioningMode={manager.get('provisioningMode')!r}: "
+        return _pool_config(obj)
+    except Exception as exc:  # a backstop: every field below is read through a typed getter
+        name = as_object(as_object(obj).get("metadata")).get("name")
+        return PoolConfig(name=name if isinstance(name, str) else "", mode=ProvisioningMode.PROVISIONED,
+                          problems=(f"cannot be read: {describe_exception(exc, 200)}",))
+
+
+def _pool_config(obj: Mapping[str, Any]) -> PoolConfig:
+    problems: list[str] = []
+    obj = as_object(obj)
+    meta = get_map(obj, "metadata", "metadata", problems)
+    spec = get_map(obj, "spec", "spec", problems)
+    manager = get_map(spec, "nodeManagerConfig", "nodeManagerConfig", problems)
+    capacity = get_map(spec, "capacityConfig", "capacityConfig", problems)
+    provisioner = get_map(manager, "nodeProvisioner", "nodeProvisioner", problems)
+    raw_mode = manager.get("provisioningMode")
+    try:
+        mode = ProvisioningMode(raw_mode if raw_mode not in (None, "") else ProvisioningMode.AUTO_SELECT)
+    except (ValueError, TypeError):
+        problems.append(f"nodeManagerConfig.provisioningMode={shown(raw_mode)}: "
                         f"expected one of {', '.join(m.value for m in ProvisioningMode)}")
         mode = ProvisioningMode.PROVISIONED  # unknown: touch nothing
 
@@ -105,22 +118,31 @@ def pool_config(obj: Mapping[str, Any]) -> PoolConfig:
             cap.vram if raw_max.get("vram") is not None else UNLIMITED.vram)
 
     requirements = []
-    for i, item in enumerate(provisioner.get("gpuRequirements") or []):
+    for i, item in enumerate(get_list(provisioner, "gpuRequirements", "nodeProvisioner.gpuRequirements",
+                                      problems)):
+        where = f"nodeProvisioner.gpuRequirements[{i}]"
         if not isinstance(item, Mapping) or not item.get("key"):
-            problems.append(f"nodeProvisioner.gpuRequirements[{i}]: needs a key")
+            problems.append(f"{where}={shown(item)}: needs a key")
             continue
-        values = item.get("values") or []
-        requirements.append(Requirement(str(item["key"]), str(item.get("operator") or "In"),
-                                        tuple(str(v) for v in values)))
+        key = get_str(item, "key", f"{where}.key", problems)
+        operator = get_str(item, "operator", f"{where}.operator", problems, "In")
+        values = get_list(item, "values", f"{where}.values", problems)
+        bad = [v for v in values if not isinstance(v, str | int | float) or isinstance(v, bool)
+               or (isinstance(v, float) and not math.isfinite(v))]
+        if bad:
+            problems.append(f"{where}.values={shown(values)}: expected a list of strings")
+        if key:
+            requirements.append(Requirement(key, operator, tuple(str(v) for v in values if v not in bad)))
 
     node_class = None
-    ref = provisioner.get("karpenterNodeClassRef")
     if mode is ProvisioningMode.KARPENTER:
-        fields = {k: str((ref or {}).get(k) or "") for k in ("group", "kind", "version", "name")}
+        ref = get_map(provisioner, "karpenterNodeClassRef", "nodeProvisioner.karpenterNodeClassRef", problems)
+        fields = {k: get_str(ref, k, f"nodeProvisioner.karpenterNodeClassRef.{k}", problems)
+                  for k in ("group", "kind", "version", "name")}
         missing = [k for k, v in fields.items() if not v]
-        if not isinstance(ref, Mapping) or missing:
+        if missing:
             problems.append("nodeProvisioner.karpenterNodeClassRef: needs group, kind, version and name"
-                            + (f" (missing {', '.join(missing)})" if missing else ""))
+                            f" (missing {', '.join(missing)})")
         else:
             node_class = NodeClassRef(**fields)
 
@@ -130,26 +152,40 @@ def pool_config(obj: Mapping[str, Any]) -> PoolConfig:
         if isinstance(raw_class, str) and raw_class.strip():
             gpu_node_class = raw_class.strip()
         else:
-            problems.append(f"nodeProvisioner.nodeClass={raw_class!r}: expected the name of a GPUNodeClass")
+            problems.append(f"nodeProvisioner.nodeClass={shown(raw_class)}: "
+                            "expected the name of a GPUNodeClass")
 
-    taints = tuple(
-        {"key": str(t.get("key")), "value": str(t.get("value") or ""),
-         "effect": str(t.get("effect") or "NoSchedule")}
-        for t in provisioner.get("gpuTaints") or [] if isinstance(t, Mapping) and t.get("key"))
+    taints = []
+    for i, t in enumerate(get_list(provisioner, "gpuTaints", "nodeProvisioner.gpuTaints", problems)):
+        where = f"nodeProvisioner.gpuTaints[{i}]"
+        if not isinstance(t, Mapping) or not t.get("key"):
+            problems.append(f"{where}={shown(t)}: expected a taint with a key")
+            continue
+        taints.append({"key": get_str(t, "key", f"{where}.key", problems),
+                       "value": get_str(t, "value", f"{where}.value", problems),
+                       "effect": get_str(t, "effect", f"{where}.effect", problems, "NoSchedule")})
 
     period = DEFAULT_COMPACTION_PERIOD
-    raw_period = (manager.get("nodeCompaction") or {}).get("period")
-    if raw_period:
+    compaction = get_map(manager, "nodeCompaction", "nodeManagerConfig.nodeCompaction", problems)
+    raw_period = compaction.get("period")
+    if raw_period not in (None, ""):
         try:
-            period = parse_duration(str(raw_period)).total_seconds()
+            if not isinstance(raw_period, str):
+                raise ValueError(f"{shown(raw_period)} is not a duration like 90s, 5m or 1h30m")
+            period = parse_duration(raw_period).total_seconds()
         except ValueError as exc:
             problems.append(f"nodeCompaction.period: {exc}")
-    annotations = meta.get("annotations") or {}
+    annotations = get_map(meta, "annotations", "metadata.annotations", problems)
+    name = meta.get("name")
+    uid = meta.get("uid")
     return PoolConfig(
-        name=str(meta.get("name") or ""), mode=mode, min=targets["minResources"],
+        name=name if isinstance(name, str) else "", mode=mode, min=targets["minResources"],
         warm=targets["warmResources"], max=targets["maxResources"], requirements=tuple(requirements),
-        node_class=node_class, labels=_string_map(provisioner.get("gpuNodeLabels")),
-        annotations=_string_map(provisioner.get("gpuNodeAnnotations")), taints=taints,
+        node_class=node_class,
+        labels=get_string_map(provisioner, "gpuNodeLabels", "nodeProvisioner.gpuNodeLabels", problems),
+        annotations=get_string_map(provisioner, "gpuNodeAnnotations", "nodeProvisioner.gpuNodeAnnotations",
+                                   problems),
+        taints=tuple(t for t in taints if t["key"]),
         compaction_period=max(period, 1.0), manual_compaction=parse_time(annotations.get(MANUAL_COMPACTION)),
-        problems=tuple(problems), uid=str(meta.get("uid") or ""), gpu_node_class=gpu_node_class,
+        problems=tuple(problems), uid=uid if isinstance(uid, str) else "", gpu_node_class=gpu_node_class,
     )

@@ -14,6 +14,7 @@ from typing import Any
 
 from extender.common.contract import DEFAULT_POOL_ANNOTATION, POOL_LABEL_ON_GPU, USED_BY_TAINT_VALUE
 from extender.common.labels import GFD_COUNT, GFD_MEMORY, GFD_PRODUCT, HOSTNAME, INSTANCE_TYPE
+from extender.common.numbers import MAX_DIGITS, parse_int
 from extender.common.quantity import QuantityError, parse_quantity
 from extender.scheduling import gpu_models
 from extender.scheduling.instance_topology import Shape
@@ -72,7 +73,9 @@ def _quantity(raw: object) -> Fraction | None:
     if isinstance(raw, bool) or raw is None:
         return None
     if isinstance(raw, int | float):
-        return Fraction(str(raw))
+        if not math.isfinite(raw) or raw < 0 or abs(raw) > 1e30:  # NaN, the infinities: no capacity
+            return None
+        return Fraction(raw)
     try:
         value = parse_quantity(str(raw)).value
     except QuantityError:
@@ -80,8 +83,14 @@ def _quantity(raw: object) -> Fraction | None:
     return value if value >= 0 else None
 
 
+def _map(raw: object) -> Mapping[str, Any]:
+    """``raw`` when it is an object, else an empty one: a field of the wrong type reads as absent (the
+    offline tools name such objects before they get here; the API server's schema types these)."""
+    return raw if isinstance(raw, Mapping) else {}
+
+
 def _labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    return (obj.get("metadata") or {}).get("labels") or {}
+    return _map(_map(obj.get("metadata")).get("labels"))
 
 
 def _int(raw: object) -> int | None:
@@ -108,10 +117,10 @@ def topology_of(status: Mapping[str, Any]) -> tuple[int | None, tuple[Link, ...]
 
 def gpu_from_object(obj: Mapping[str, Any]) -> GPUDevice | None:
     """A TensorFusion GPU object as a device, or None when it lacks a name, node or capacity."""
-    name = (obj.get("metadata") or {}).get("name")
-    status = obj.get("status") or {}
-    node = (status.get("nodeSelector") or {}).get(HOSTNAME)
-    capacity = status.get("capacity") or {}
+    name = _map(obj.get("metadata")).get("name")
+    status = _map(obj.get("status"))
+    node = _map(status.get("nodeSelector")).get(HOSTNAME)
+    capacity = _map(status.get("capacity"))
     tflops = _quantity(capacity.get("tflops"))
     vram = _quantity(capacity.get("vram"))
     if not name or not node or tflops is None or vram is None:
@@ -148,11 +157,12 @@ def gpus_from_node_labels(node: str, labels: Mapping[str, Any], default_pool: st
     NUMA nodes and NVLink peers."""
     raw_count = str(labels.get(GFD_COUNT, ""))
     spec = gpu_models.lookup(str(labels.get(GFD_PRODUCT, "")))
-    if spec is None or not raw_count.isdigit():
+    if spec is None or not raw_count.isdigit() or len(raw_count) > MAX_DIGITS:
         return []
-    count = min(int(raw_count), MAX_SYNTHETIC_GPUS)
+    count = min(parse_int(raw_count), MAX_SYNTHETIC_GPUS)
     memory = str(labels.get(GFD_MEMORY, ""))
-    vram = int(memory) << 20 if memory.isdigit() and int(memory) > 0 else spec.vram
+    mib = parse_int(memory) if memory.isdigit() and len(memory) <= MAX_DIGITS else 0
+    vram = mib << 20 if mib > 0 else spec.vram
     pool = labels.get(POOL_LABEL_ON_GPU) or default_pool
     shape = (shapes or {}).get(str(labels.get(INSTANCE_TYPE, "")))
     if shape is not None and shape.gpus != count:
@@ -184,7 +194,8 @@ def gpus_from_node_labels(node: str, labels: Mapping[str, Any], default_pool: st
 
 
 def object_name(obj: Mapping[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("name") or "")
+    name = _map(obj.get("metadata")).get("name")
+    return name if isinstance(name, str) else ""
 
 
 def node_labels(obj: Mapping[str, Any]) -> dict[str, str]:
@@ -195,12 +206,12 @@ def node_labels(obj: Mapping[str, Any]) -> dict[str, str]:
 
 
 def pool_template(obj: Mapping[str, Any]) -> str | None:
-    template = (obj.get("spec") or {}).get("schedulingConfigTemplate")
-    return str(template) if template else None
+    template = _map(obj.get("spec")).get("schedulingConfigTemplate")
+    return template if isinstance(template, str) and template else None
 
 
 def pool_is_default(obj: Mapping[str, Any]) -> bool:
-    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    annotations = _map(_map(obj.get("metadata")).get("annotations"))
     return str(annotations.get(DEFAULT_POOL_ANNOTATION, "")).lower() == "true"
 
 
@@ -210,5 +221,5 @@ def template_topology(obj: Mapping[str, Any]) -> object:
 
 
 def template_mode(obj: Mapping[str, Any]) -> str | None:
-    mode = ((obj.get("spec") or {}).get("placement") or {}).get("mode")
-    return str(mode) if mode else None
+    mode = _map(_map(obj.get("spec")).get("placement")).get("mode")
+    return mode if isinstance(mode, str) and mode else None

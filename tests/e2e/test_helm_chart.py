@@ -864,6 +864,7 @@ EVERY_EXTENDER_VALUE = {
     "autoscale.enabled": "true", "autoscale.interval": "1m", "autoscale.cronTimeZone": "Europe/Paris",
     "capacity.clusterName": "prod", "capacity.nodeJoinTimeout": "20m", "capacity.orphanGrace": "1h",
     "capacity.capacityErrorBackoff": "2m", "capacity.cloudKeyDir": "/tmp/secret",
+    "capacity.cloudEndpointAllow": "vpce.example.com",
     "autoscale.prometheusUrl": "http://prometheus:9090", "autoscale.usageMetrics": "hypervisor",
     "autoscale.tflopsQuery": "tflops_q", "autoscale.vramQuery": "vram_q", "autoscale.prometheusStep": "1m",
     "autoscale.prometheusMaxPoints": "200",
@@ -878,7 +879,8 @@ def test_every_serve_option_is_a_value_and_reaches_the_command_line(helm):
 
     sets = [a for key, value in EVERY_EXTENDER_VALUE.items() for a in ("--set", f"{key}={value}")]
     sets += ["--set", "webhook.certReloadInterval=5s", "--set", "webhook.karpenterDoNotDisrupt=false",
-             "--set", "webhook.logLevel=warning", "--set", "webhook.requestTimeout=3s"]
+             "--set", "webhook.logLevel=warning", "--set", "webhook.requestTimeout=3s",
+             "--set", "webhook.qosPriority.namespaces={ml}", "--set", "webhook.qosPriority.pools={gold}"]
     objs = render(helm, *sets)
     command = _container(objs, "Deployment", "tensor-fusion-scheduler", "extender")["command"]
     parser = extender_cli.build_parser()
@@ -909,6 +911,7 @@ def test_every_serve_option_is_a_value_and_reaches_the_command_line(helm):
                  _container(objs, "Deployment", "tensor-fusion-webhook", "webhook")["command"])
     assert (web.cert_reload_interval, web.karpenter_do_not_disrupt, web.log_level, web.request_timeout,
             web.scheduler_name) == (5.0, "false", "warning", 3.0, "gpu-scheduler")
+    assert (web.qos_priority_namespaces, web.qos_priority_pools) == (f"{NS},ml", "gold")
     webhook_parser = webhook_cli.serve_parser(webhook_cli.build_parser())
     webhook_serve = {a.option_strings[0] for a in configurable(webhook_parser)}
     fixed_webhook = {"--port", "--bind-address", "--metrics-port", "--cert-dir", "--kubeconfig", "--config"}
@@ -957,3 +960,76 @@ def test_a_values_file_gives_whole_numbers_and_durations_as_written(helm, tmp_pa
 
     args = _parse(extender_cli.build_parser(), command)
     assert (args.max_pods_per_node, args.bind_deadline, args.expansion_delay) == (1000000, 90.0, 30.0)
+
+
+# --- least privilege: each feature's rights only with the feature ----------------------------------------
+
+SCHEDULER_SA = "tensor-fusion-scheduler"
+
+
+def granted(objs: list[dict[str, Any]], account: str = SCHEDULER_SA) -> set[tuple[str, str, str, str]]:
+    """(apiGroup, resource, verb, where) the chart's own roles give ``account``: where is ``cluster``, or the
+    namespace of a RoleBinding, with ``[names]`` appended when the rule names its objects."""
+    by_name = {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o for o in objs
+               if o["kind"] in ("ClusterRole", "Role")}
+    out: set[tuple[str, str, str, str]] = set()
+    for binding in (o for o in objs if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        if not any(s.get("kind") == "ServiceAccount" and s.get("name") == account
+                   for s in binding.get("subjects") or []):
+            continue
+        namespace = binding["metadata"].get("namespace", "")
+        ref = binding["roleRef"]
+        role = by_name.get((ref["kind"], namespace if ref["kind"] == "Role" else "", ref["name"]))
+        if role is None:
+            continue  # a built-in role (system:kube-scheduler ...): not the chart's to narrow
+        where = "cluster" if binding["kind"] == "ClusterRoleBinding" else namespace
+        for rule in role.get("rules") or []:
+            names = f"[{','.join(rule['resourceNames'])}]" if rule.get("resourceNames") else ""
+            for group in rule.get("apiGroups") or [""]:
+                for resource in rule.get("resources") or []:
+                    for verb in rule.get("verbs") or []:
+                        out.add((group, resource, verb, where + names))
+    return out
+
+
+NODE_PATCH = ("", "nodes", "patch", "cluster")
+NODE_DELETE = ("", "nodes", "delete", "cluster")
+POOL_WRITES = {("tensor-fusion.ai", "gpupools", verb, "cluster") for verb in ("create", "patch", "delete")}
+CLUSTER_STATUS = ("tensor-fusion.ai", "tensorfusionclusters/status", "patch", "cluster")
+
+
+@pytest.mark.parametrize(("args", "present", "absent"), [
+    ((), {NODE_PATCH, NODE_DELETE, CLUSTER_STATUS, *POOL_WRITES}, set()),
+    (("--set", "capacity.enabled=false"), {NODE_PATCH}, {NODE_DELETE}),  # the nudger still patches
+    (("--set", "extender.nudgeScheduler=false"), {NODE_PATCH, NODE_DELETE}, set()),  # compaction does
+    (("--set", "capacity.enabled=false", "--set", "extender.nudgeScheduler=false"), set(),
+     {NODE_PATCH, NODE_DELETE}),
+    (("--set", "extender.tensorFusionClusters=false"), set(), {CLUSTER_STATUS, *POOL_WRITES}),
+    (("--api-versions", "tensor-fusion.ai/v1/TensorFusionConnection"), set(),
+     {CLUSTER_STATUS, *POOL_WRITES}),
+], ids=["defaults", "capacity-off", "nudger-off", "both-off", "tfclusters-off",
+        "tensorfusion-own-controller"])
+def test_each_feature_off_takes_its_verbs_away(helm, args, present, absent):
+    objs = render(helm, *args)
+    verbs = granted(objs)
+    assert present <= verbs, sorted(present - verbs)
+    assert not absent & verbs, sorted(absent & verbs)
+    # whatever the features, a ConfigMap is read only by name
+    assert not [v for v in verbs if v[1] == "configmaps" and "[" not in v[3]], sorted(verbs)
+    if "--set" in args:  # the extender is told the same: a feature off in RBAC is off in its flags
+        (deployment,) = [o for o in objs
+                         if o["kind"] == "Deployment" and "scheduler" in o["metadata"]["name"]]
+        (extender,) = [c for c in deployment["spec"]["template"]["spec"]["containers"]
+                       if c["name"] == "extender"]
+        command = " ".join(extender["command"])
+        if "capacity.enabled=false" in args:
+            assert "--no-capacity-controllers" in command
+        if "extender.tensorFusionClusters=false" in args:
+            assert "--no-tensorfusion-clusters" in command
+
+
+def test_the_catalog_configmap_is_read_by_name_in_its_namespace_only(helm):
+    verbs = granted(render(helm, "--set", "capacity.catalogConfigMap=gpu-catalogs/catalog"))
+    assert ("", "configmaps", "get", "gpu-catalogs[catalog]") in verbs
+    assert [v for v in verbs if v[1] == "configmaps"] == [("", "configmaps", "get", "gpu-catalogs[catalog]")]
+    assert not [v for v in granted(render(helm)) if v[1] == "configmaps"]

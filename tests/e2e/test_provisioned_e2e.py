@@ -475,6 +475,7 @@ def test_a_pool_derived_from_a_tensorfusioncluster_buys_through_its_computing_ve
         capacity_error_backoff=120,
         tensorfusion_cluster_interval=1,
         cloud_key_dir=tempfile.gettempdir(),  # where the module's key files are (TMPDIR may not be /tmp)
+        cloud_endpoint_allow="http://127.0.0.1",  # the cluster's endpoint is the local EC2 emulator's
     )
     custom = client.CustomObjectsApi(api_client)
     name = f"tfc-{uuid.uuid4().hex[:6]}"

@@ -357,7 +357,9 @@ def extender(installed: None, extender_runner: cpl.ExtenderRunner, catalog: str)
     workload autoscaling on (``--autoscale``), as the guide's autoscaling step needs."""
     extender_runner.ensure(capacity_interval=1, node_protection_time=20, catalog_configmap=catalog,
                            gpu_node_interval=1, autoscale=True, autoscale_interval="1s",
-                           tensorfusion_cluster_interval="1s", cloud_key_dir=tempfile.gettempdir())
+                           tensorfusion_cluster_interval="1s", cloud_key_dir=tempfile.gettempdir(),
+                           # the Provisioned guide's endpoint is the local ECS stand-in's
+                           cloud_endpoint_allow="http://127.0.0.1")
     return extender_runner
 
 

@@ -225,7 +225,10 @@ def start_webhook(control_plane: ControlPlane, api_client: Any,
     proc = control_plane.registry.start(
         "tf-webhook",
         [console_script("tf-webhook"), "serve", "--port", str(port), "--bind-address", "127.0.0.1",
-         "--cert-dir", str(cert_dir), "--kubeconfig", str(control_plane.kubeconfig)],
+         "--cert-dir", str(cert_dir), "--kubeconfig", str(control_plane.kubeconfig),
+         # the tests' pods live in namespaces of their own; where the grant applies is unit-tested
+         # (tests/unit/webhook/test_mutation.py) and the chart's value rendered (test_helm_chart)
+         "--qos-priority-namespaces", "*"],
         control_plane.log_dir,
     )
     wait_until(

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from extender.common.numbers import int_flag
 from extender.common.options import duration
 from extender.common.timefmt import parse_duration
 from extender.controllers.autoscale.prometheus import (
@@ -51,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--autoscale-prometheus-step", default="30s", metavar="DURATION",
                        type=duration("--autoscale-prometheus-step", positive=True, legacy_seconds=False),
                        help="query_range step, a Go duration (default 30s)")
-    group.add_argument("--autoscale-prometheus-max-points", type=int, default=DEFAULT_MAX_POINTS,
+    group.add_argument("--autoscale-prometheus-max-points", type=int_flag(1), default=DEFAULT_MAX_POINTS,
                        help=f"points per query_range request; longer ranges are paged (default "
                             f"{DEFAULT_MAX_POINTS})")
     group.add_argument("--autoscale-cron-time-zone", default="UTC",

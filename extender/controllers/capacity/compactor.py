@@ -27,7 +27,7 @@ from extender.controllers.capacity.port import KubePort, LiveView, node_ref
 from extender.kube.client import error_message
 from extender.kube.resources import GPU_NODE_CLAIMS, NODECLAIMS, NODES
 from extender.planning.action import Action
-from extender.planning.pool import PoolConfig, pool_config
+from extender.planning.pool import PoolConfig
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class Compactor:
         return None
 
     async def reconcile(self, now: dt.datetime) -> list[Action]:
-        configs = [pool_config(p) for p in self.view.pools.list()]
+        configs = await self.view.pool_configs()
         triggers = {c.name: t for c in configs if (t := self.trigger(c, now)) is not None}
         inputs = self.view.inputs(now, await self.view.catalog(), None, due=lambda c: c.name in triggers,
                                   leaving=self.view.leaving())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from extender.cloud.vendor import DEFAULT_KEY_DIR
+from extender.cloud.vendor import DEFAULT_KEY_DIR, ENDPOINT_FLAG, Endpoint, parse_endpoint_allow
 from extender.common.options import duration
 from extender.controllers import LEADER_LEASE
 from extender.planning.removal import DEFAULT_PROTECTION_SECONDS
@@ -34,6 +34,8 @@ class CapacityConfig:
     orphan_grace_seconds: float = DEFAULT_ORPHAN_GRACE
     capacity_backoff_seconds: float = DEFAULT_CAPACITY_BACKOFF
     cloud_key_dir: str = DEFAULT_KEY_DIR
+    # --cloud-endpoint-allow: the endpoints a cluster object's extraParams may point the cloud client at
+    cloud_endpoints: tuple[Endpoint, ...] = ()
 
     def __post_init__(self) -> None:
         if self.interval_seconds <= 0:
@@ -77,6 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="Provisioned mode: a TensorFusionCluster's (or a claim's recorded) "
                             "computingVendor may name key files only under this directory; "
                             f"--computing-vendor's file is yours and exempt (default {DEFAULT_KEY_DIR})")
+    group.add_argument(ENDPOINT_FLAG, dest="cloud_endpoint_allow", default="", metavar="HOST[,HOST...]",
+                       type=endpoint_allow,
+                       help="Provisioned mode: the endpoints a TensorFusionCluster's (or a claim's recorded) "
+                            "computingVendor.params.extraParams.endpoint may name, comma-separated "
+                            "(host[:port] or https://host[:port]; no port: any port of the host; http:// "
+                            "only for a loopback host); any other is refused with a condition naming it. "
+                            "--computing-vendor's file is yours and exempt (default none)")
     group.add_argument("--cluster-name", default=DEFAULT_CLUSTER_NAME,
                        help="Provisioned mode: the tag tensor-fusion.ai/cluster on every VM; the orphan "
                             f"sweep terminates only VMs tagged with it (default {DEFAULT_CLUSTER_NAME})")
@@ -102,4 +111,15 @@ def from_args(args: argparse.Namespace) -> CapacityConfig:
         cluster_name=str(args.cluster_name), join_timeout_seconds=float(args.node_join_timeout),
         orphan_grace_seconds=float(args.orphan_grace),
         capacity_backoff_seconds=float(args.capacity_error_backoff), cloud_key_dir=str(args.cloud_key_dir),
+        cloud_endpoints=endpoint_allow(args.cloud_endpoint_allow),
     )
+
+
+def endpoint_allow(value: str | tuple[Endpoint, ...]) -> tuple[Endpoint, ...]:
+    """The argparse ``type`` of --cloud-endpoint-allow (and its value, parsed once already)."""
+    if isinstance(value, tuple):
+        return value
+    try:
+        return parse_endpoint_allow(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -39,7 +39,7 @@ from extender.kube.resources import GPU_NODE_CLAIMS, NODECLAIMS, collection_path
 from extender.planning.action import Action
 from extender.planning.inputs import claim_pool, claim_price
 from extender.planning.offerings import Offering
-from extender.planning.pool import PoolConfig, ProvisioningMode, pool_config
+from extender.planning.pool import PoolConfig, ProvisioningMode
 from extender.scheduling.inventory import object_name
 
 log = logging.getLogger(__name__)
@@ -73,8 +73,7 @@ class Launcher:
         self._list_error = ""
 
     async def reconcile(self, now: dt.datetime) -> list[Action]:
-        karpenter_pools = [c for c in (pool_config(p) for p in self.view.pools.list())
-                           if c.mode is ProvisioningMode.KARPENTER]
+        karpenter_pools = [c for c in await self.view.pool_configs() if c.mode is ProvisioningMode.KARPENTER]
         if not karpenter_pools:
             return []
         await self._check_listable()
@@ -170,8 +169,7 @@ class Launcher:
     async def sync_claims(self) -> None:
         """The claims of Karpenter-mode pools only: a Provisioned pool's claims have no NodeClaim (their VM
         is the provisioned controller's)."""
-        configs = {object_name(p): c for p in self.view.pools.list()
-                   if (c := pool_config(p)).mode is ProvisioningMode.KARPENTER}
+        configs = {c.name: c for c in await self.view.pool_configs() if c.mode is ProvisioningMode.KARPENTER}
         for claim in self.view.gpunodeclaims.list():
             meta = claim.get("metadata") or {}
             pool = claim_pool(claim)

@@ -17,6 +17,7 @@ from kubernetes import client
 
 from extender.common.conditions import with_condition
 from extender.controllers.capacity.config import CapacityConfig
+from extender.controllers.isolation import Isolation
 from extender.controllers.runner import Synced
 from extender.kube.client import api_call, error_message, get_or_none, not_found, request_json
 from extender.kube.events import EventRecorder
@@ -24,7 +25,7 @@ from extender.kube.resources import GPU_POOLS, Resource, collection_path, object
 from extender.planning.amounts import CapacityError
 from extender.planning.catalog import CONFIGMAP_KEY, DEFAULT_CATALOG, Catalog, parse_catalog
 from extender.planning.inputs import Inputs
-from extender.planning.pool import PoolConfig
+from extender.planning.pool import PoolConfig, pool_config
 from extender.scheduling.inventory import object_name
 from extender.scheduling.state import ClusterState
 
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 MERGE_PATCH = "application/merge-patch+json"
 CREATED_GRACE_SECONDS = 60.0
 RELEASED_MEMORY_SECONDS = 600.0
+CONFIG_VALID = "ConfigValid"  # a GPUPool condition: whether the extender can read the pool's settings
 
 
 class ObjectStore(Protocol):
@@ -114,6 +116,35 @@ class LiveView:
         # An entry the cache never shows (the claim was deleted at once) is dropped after a minute.
         self.created: dict[str, dict[str, Any]] = {}
         self._created_at: dict[str, float] = {}
+        # one pool at a time: a pool whose settings are not readable is named (event, condition), not fatal
+        self.pool_isolation = Isolation("capacity", "GPUPool", self, condition=self._valid_condition)
+
+    def record(self, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+        """An event on ``obj`` through the current port."""
+        self.port.record(obj, reason, message, type_)
+
+    async def pool_configs(self) -> list[PoolConfig]:
+        """Every pool's settings, parsed one pool at a time. A pool with problems keeps them (the planners
+        leave it alone) and is reported once per change: event ``InvalidGPUPool`` naming the field and the
+        value, condition ``ConfigValid=False``; every other pool is planned as if it were absent."""
+        configs = []
+        for pool, config in self.pool_isolation.each(self.pools.list(), pool_config):
+            if config.problems:
+                self.pool_isolation.report(pool, "; ".join(config.problems))
+            else:
+                self.pool_isolation.ok(pool)
+            configs.append(config)
+        await self.pool_isolation.flush()
+        return configs
+
+    async def _valid_condition(self, pool: Mapping[str, Any], message: str | None) -> None:
+        name = object_name(pool)
+        fresh = self.pools.get(name) or pool
+        wanted = {"type": CONFIG_VALID, "status": "True", "reason": "CheckPassed", "message": ""}
+        if message is not None:
+            wanted = {"type": CONFIG_VALID, "status": "False", "reason": "InvalidGPUPool",
+                      "message": message[:1000]}
+        await write_condition(self.port, fresh, name, wanted)
 
     async def catalog(self) -> Catalog:
         """The built-in catalog, extended by the file (read once) and the ConfigMap (read each time).

@@ -12,11 +12,11 @@ terminates its VM.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from extender.cloud.vendor import VendorConfig, confined, parse_vendor
+from extender.cloud.vendor import Endpoint, VendorConfig, confined, parse_vendor
 from extender.common.labels import COMPUTING_VENDOR, MANAGED_BY
 from extender.kube.resources import TENSOR_FUSION_CLUSTERS
 
@@ -63,9 +63,12 @@ def _problem(source: str, message: str) -> VendorChoice:
 
 
 def pool_vendor(pool: Mapping[str, Any], clusters: Mapping[str, Mapping[str, Any]],
-                fallback: VendorChoice | None, key_dir: str = "") -> VendorChoice:
+                fallback: VendorChoice | None, key_dir: str = "",
+                endpoints: Sequence[Endpoint] | None = None) -> VendorChoice:
     """The vendor a pool's VMs are bought through (a choice with ``config.problems`` when there is none).
-    A cluster's vendor may name key files only under ``key_dir`` ("": anywhere, for tools that read none)."""
+    A cluster's vendor may name key files only under ``key_dir`` ("": anywhere, for tools that read none)
+    and endpoints only in ``endpoints`` (``--cloud-endpoint-allow``; None: unchecked, for tools that call no
+    cloud)."""
     name = str(_meta(pool).get("name") or "")
     cluster_name = owner_cluster(pool)
     if not cluster_name:
@@ -85,7 +88,7 @@ def pool_vendor(pool: Mapping[str, Any], clusters: Mapping[str, Mapping[str, Any
     if raw is None:
         return fallback or _problem(
             where, f"{where}: missing (and the extender runs without --computing-vendor)")
-    return VendorChoice(confined(parse_vendor(raw, where), key_dir, where), where)
+    return VendorChoice(confined(parse_vendor(raw, where), key_dir, where, endpoints), where)
 
 
 def recorded_text(config: VendorConfig) -> str:
@@ -103,29 +106,33 @@ def recorded_text(config: VendorConfig) -> str:
     return json.dumps(raw, sort_keys=True, separators=(",", ":"))
 
 
-def recorded_vendor(claim: Mapping[str, Any], key_dir: str = "") -> VendorChoice | None:
+def recorded_vendor(claim: Mapping[str, Any], key_dir: str = "",
+                    endpoints: Sequence[Endpoint] | None = None) -> VendorChoice | None:
     """The vendor the claim's VM was bought through, when the claim records one that parses."""
-    text = (_meta(claim).get("annotations") or {}).get(COMPUTING_VENDOR)
-    if not text:
+    annotations = _meta(claim).get("annotations")
+    text = annotations.get(COMPUTING_VENDOR) if isinstance(annotations, Mapping) else None
+    if not text or not isinstance(text, str):
         return None
     where = f"GPUNodeClaim {_meta(claim).get('name')} annotation {COMPUTING_VENDOR}"
     try:
-        raw = json.loads(str(text))
-    except ValueError:
+        raw = json.loads(text)
+    except (ValueError, RecursionError):
         return None
     config = parse_vendor(raw, where)
     if config.problems:
         return None
-    return VendorChoice(confined(config, key_dir, where), where)  # an edited annotation names no other file
+    # an edited annotation names no other file and no other endpoint than a cluster's could
+    return VendorChoice(confined(config, key_dir, where, endpoints), where)
 
 
 def claim_vendor(claim: Mapping[str, Any], pool: Mapping[str, Any] | None,
                  clusters: Mapping[str, Mapping[str, Any]], fallback: VendorChoice | None,
-                 key_dir: str = "") -> VendorChoice:
-    """The vendor through which the claim's VM is described and terminated."""
-    recorded = recorded_vendor(claim, key_dir)
+                 key_dir: str = "", endpoints: Sequence[Endpoint] | None = None) -> VendorChoice:
+    """The vendor through which the claim's VM is described and terminated: never launched (a launch goes
+    through the pool's vendor, so a patched annotation cannot redirect one)."""
+    recorded = recorded_vendor(claim, key_dir, endpoints)
     if pool is not None:
-        current = pool_vendor(pool, clusters, fallback, key_dir)
+        current = pool_vendor(pool, clusters, fallback, key_dir, endpoints)
         if recorded is None or (not current.config.problems and same_place(current.config, recorded.config)):
             return current
         return recorded

@@ -47,6 +47,7 @@ from extender.controllers.defrag.plan import (
     plan_pool,
     pool_nodes,
 )
+from extender.controllers.isolation import Isolation
 from extender.controllers.runner import KeyedQueue, KeyedReconciler, Reconciler, Synced
 from extender.scheduling.state import ClusterState, FilterOutcome
 from extender.server.hooks import FilterHook
@@ -167,6 +168,7 @@ class Defragmenter(FilterHook):
         self._fences: dict[str, frozenset[str]] = {}
         self.runs: dict[str, Trigger] = {}  # the pools whose run is in progress
         self.queue: KeyedQueue[DueRun] = KeyedQueue()  # runs due, by pool name
+        self.isolation = Isolation("defrag", "GPUPool", recorder)
         # looks at the pools every tick and queues the runs that are due
         self.looker = Reconciler("defrag", self.reconcile, interval=tick_seconds, leader_only=True,
                                  caches=caches, on_demoted=self.demoted)
@@ -198,26 +200,29 @@ class Defragmenter(FilterHook):
         """The pools whose run starts now (a manual trigger first, then a schedule that fired)."""
         now = self.now()
         last_look, self._last_look = self._last_look or now, now
-        out = []
-        for pool in sorted(pools, key=_pool_name):
-            name = _pool_name(pool)
-            try:
-                config = parse_config(pool)
-            except DefragConfigError as exc:
-                self._config_invalid(pool, str(exc))
-                continue
-            self._config_errors.pop(name, None)
-            manual = manual_trigger(pool, now)
-            if manual is not None and self._manual_seen.get(name) != manual:
-                self._manual_seen[name] = manual
-                out.append((pool, config, Trigger.MANUAL))
-                continue
-            if config.scheduled and config.timezone is not None:
-                fired = config.schedule.fire_between(last_look, now, config.timezone)
-                if fired is not None and self._last_fired.get(name) != fired:
-                    self._last_fired[name] = fired
-                    out.append((pool, config, Trigger.SCHEDULE))
-        return out
+        # one pool at a time: a pool that raises is named (once per change) and the later pools are looked at
+        looked = self.isolation.each(sorted(pools, key=_pool_name), lambda p: self._due(p, last_look, now))
+        return [(pool, due[0], due[1]) for pool, due in looked if due is not None]
+
+    def _due(self, pool: dict[str, Any], last_look: dt.datetime, now: dt.datetime
+             ) -> tuple[DefragConfig, Trigger] | None:
+        name = _pool_name(pool)
+        try:
+            config = parse_config(pool)
+        except DefragConfigError as exc:
+            self._config_invalid(pool, str(exc))
+            return None
+        self._config_errors.pop(name, None)
+        manual = manual_trigger(pool, now)
+        if manual is not None and self._manual_seen.get(name) != manual:
+            self._manual_seen[name] = manual
+            return config, Trigger.MANUAL
+        if config.scheduled and config.timezone is not None:
+            fired = config.schedule.fire_between(last_look, now, config.timezone)
+            if fired is not None and self._last_fired.get(name) != fired:
+                self._last_fired[name] = fired
+                return config, Trigger.SCHEDULE
+        return None
 
     async def reconcile(self, now: dt.datetime) -> None:
         """One look at the pools (on the defragmenter's own clock): queue the runs that are due, each pool's

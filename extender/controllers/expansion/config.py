@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from extender.common.contract import DEFAULT_SCHEDULER_NAME
+from extender.common.numbers import int_flag
 from extender.common.options import duration
 
 DEFAULT_DELAY_SECONDS = 10.0
@@ -66,8 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
              f"(env {ENV_DELAY})",
     )
     group.add_argument(
-        "--max-inflight-nodes", dest="max_inflight_nodes", type=int, metavar="N",
-        default=int(env.get(ENV_MAX_IN_FLIGHT, DEFAULT_MAX_IN_FLIGHT)),
+        "--max-inflight-nodes", dest="max_inflight_nodes", type=int_flag(0), metavar="N",
+        default=env.get(ENV_MAX_IN_FLIGHT, DEFAULT_MAX_IN_FLIGHT),
         help=f"at most this many created NodeClaims waiting for their node (env {ENV_MAX_IN_FLIGHT})",
     )
     group.add_argument(

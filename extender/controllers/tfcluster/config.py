@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from extender.cloud.vendor import DEFAULT_KEY_DIR
+from extender.cloud.vendor import DEFAULT_KEY_DIR, Endpoint
 from extender.common.options import duration
 
 DEFAULT_INTERVAL = 30.0
@@ -16,6 +16,7 @@ class TFClusterConfig:
     enabled: bool = True
     interval_seconds: float = DEFAULT_INTERVAL
     cloud_key_dir: str = DEFAULT_KEY_DIR  # --cloud-key-dir (a capacity flag): where key files may be
+    cloud_endpoints: tuple[Endpoint, ...] = ()  # --cloud-endpoint-allow (a capacity flag)
 
     def __post_init__(self) -> None:
         if self.interval_seconds <= 0:
@@ -38,4 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def from_args(args: argparse.Namespace) -> TFClusterConfig:
     return TFClusterConfig(enabled=bool(args.tfcluster_enabled),
                            interval_seconds=float(args.tensorfusion_cluster_interval),
-                           cloud_key_dir=str(getattr(args, "cloud_key_dir", DEFAULT_KEY_DIR)))
+                           cloud_key_dir=str(getattr(args, "cloud_key_dir", DEFAULT_KEY_DIR)),
+                           cloud_endpoints=_endpoints(getattr(args, "cloud_endpoint_allow", ())))
+
+
+def _endpoints(value: object) -> tuple[Endpoint, ...]:
+    from extender.cloud.vendor import parse_endpoint_allow
+
+    return value if isinstance(value, tuple) else parse_endpoint_allow(str(value or ""))

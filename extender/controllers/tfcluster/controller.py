@@ -11,7 +11,6 @@ error) changes nothing and is retried on the next pass; a cluster or pool change
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import logging
 import time
@@ -22,6 +21,7 @@ from typing import Any, Protocol
 from kubernetes import client
 
 from extender.common.quantity import Format, QuantityError, format_quantity, parse_quantity
+from extender.controllers.isolation import Isolation
 from extender.controllers.tfcluster import derive, vendor
 from extender.controllers.tfcluster.config import TFClusterConfig
 from extender.kube.client import api_call, error_message, error_status, request_json
@@ -148,17 +148,17 @@ class TFClusterController:
         self._reader = _Reader(api_client)
         self._connections: dict[str, tuple[str, float, vendor.Connection]] = {}
         self._reported: dict[str, tuple[str, ...]] = {}
+        self.isolation = Isolation("tensorfusion-clusters", "TensorFusionCluster", recorder)
 
     async def reconcile(self, now: dt.datetime) -> None:
         pools = self.pools.list()
-        for cluster in sorted(self.clusters.list(), key=lambda c: str(_meta(c).get("name"))):
-            try:
-                await self.reconcile_one(cluster, pools, now)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("TensorFusionCluster not reconciled",
-                            extra={"cluster": _meta(cluster).get("name"), "error": error_message(exc)})
+        # one cluster at a time: one that fails is logged and evented once per change; the others go on
+        await self.isolation.each_async(sorted(self.clusters.list(), key=lambda c: str(_meta(c).get("name"))),
+                                        lambda cluster: self._one(cluster, pools, now))
+
+    async def _one(self, cluster: dict[str, Any], pools: list[dict[str, Any]], now: dt.datetime) -> None:
+        await self.reconcile_one(cluster, pools, now)
+        self.isolation.ok(cluster)
 
     async def reconcile_one(self, cluster: dict[str, Any], pools: list[dict[str, Any]],
                             now: dt.datetime) -> None:
@@ -205,7 +205,8 @@ class TFClusterController:
         fresh = cached is not None and time.monotonic() - cached[1] < VENDOR_RECHECK_SECONDS
         if cached is not None and fresh and cached[0] == digest:
             return cached[2]
-        check = vendor.connection_check(str(config.get("type")), self.config.cloud_key_dir)
+        check = vendor.connection_check(str(config.get("type")), self.config.cloud_key_dir,
+                                        self.config.cloud_endpoints)
         connection = await check(config, self._reader)
         self._connections[name] = (digest, time.monotonic(), connection)
         return connection

@@ -75,7 +75,13 @@ class Plan:
 
 
 def _meta(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    return (obj or {}).get("metadata") or {}
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "..."
 
 
 def template_hash(template: Any) -> str:
@@ -117,16 +123,20 @@ def entries(cluster: Mapping[str, Any]) -> tuple[list[tuple[str, bool, dict[str,
     """The valid ``spec.gpuPools`` entries as (pool name, isDefault, specTemplate), and a line for each
     entry that is not valid."""
     name = str(_meta(cluster).get("name", ""))
-    raw = ((cluster.get("spec") or {}).get("gpuPools")) or []
+    spec = cluster.get("spec")
+    if spec is not None and not isinstance(spec, Mapping):
+        return [], [f"spec: expected an object, got {_shown(spec)}"]
+    raw = (spec or {}).get("gpuPools")
+    raw = [] if raw is None else raw
     out: list[tuple[str, bool, dict[str, Any]]] = []
     problems: list[str] = []
     seen: set[str] = set()
     if not isinstance(raw, list):
-        return [], [f"spec.gpuPools: expected a list, got {type(raw).__name__}"]
+        return [], [f"spec.gpuPools: expected a list, got {_shown(raw)}"]
     for i, entry in enumerate(raw):
         where = f"spec.gpuPools[{i}]"
         if not isinstance(entry, Mapping):
-            problems.append(f"{where}: expected an object")
+            problems.append(f"{where}: expected an object, got {_shown(entry)}")
             continue
         entry_name = entry.get("name")
         if not isinstance(entry_name, str) or not entry_name:
@@ -134,17 +144,19 @@ def entries(cluster: Mapping[str, Any]) -> tuple[list[tuple[str, bool, dict[str,
             continue
         full = pool_name(name, entry_name)
         if len(full) > MAX_NAME or not _NAME.match(full):
-            problems.append(f"{where}.name {entry_name!r}: the GPUPool name {full!r} is not a valid object "
-                            "name (lower-case letters, digits, '-' and '.', at most 253 characters)")
+            problems.append(f"{where}.name {_shown(entry_name)}: the GPUPool name {_shown(full)} is not a "
+                            "valid object name (lower-case letters, digits, '-' and '.', at most 253 "
+                            "characters)")
             continue
         if full in seen:
-            problems.append(f"{where}.name {entry_name!r}: used by an earlier entry; this one is ignored")
+            problems.append(f"{where}.name {_shown(entry_name)}: used by an earlier entry; this one is "
+                            "ignored")
             continue
         template = entry.get("specTemplate")
         if template is None:
             template = {}
         if not isinstance(template, Mapping):
-            problems.append(f"{where}.specTemplate: expected an object")
+            problems.append(f"{where}.specTemplate: expected an object, got {_shown(template)}")
             continue
         seen.add(full)
         out.append((full, entry.get("isDefault") is True, copy.deepcopy(dict(template))))

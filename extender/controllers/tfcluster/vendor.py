@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from extender.kube.client import error_message, error_status
 from extender.kube.resources import NODECLAIMS, collection_path
+
+if TYPE_CHECKING:
+    from extender.cloud.vendor import Endpoint
 
 CONDITION = "CloudVendorConnectionReady"  # TensorFusion: ConditionStatusTypeCloudVendorConnection
 
@@ -59,14 +62,15 @@ async def check_karpenter(vendor: Mapping[str, Any], reader: Reader) -> Connecti
     return Connection(True, "CloudVendorConnectionOK", "Karpenter's NodeClaims can be listed")
 
 
-async def check_cloud(vendor: Mapping[str, Any], reader: Reader, key_dir: str = "") -> Connection:
+async def check_cloud(vendor: Mapping[str, Any], reader: Reader, key_dir: str = "",
+                      endpoints: Sequence[Endpoint] = ()) -> Connection:
     """A Provisioned-mode vendor: the computingVendor parsed (its key files only under ``key_dir``), then
     the provider's connection test."""
     from extender.cloud.factory import make_provider
     from extender.cloud.provider import CloudError
     from extender.cloud.vendor import confined, parse_vendor
 
-    config = confined(parse_vendor(vendor), key_dir, "spec.computingVendor")
+    config = confined(parse_vendor(vendor), key_dir, "spec.computingVendor", endpoints)
     if config.problems:
         return Connection(False, "CloudVendorConnectionFailed", "; ".join(config.problems))
     try:
@@ -106,12 +110,13 @@ CHECKS: dict[str, Check] = {
 }
 
 
-def connection_check(vendor_type: str, key_dir: str = "") -> Check:
+def connection_check(vendor_type: str, key_dir: str = "", endpoints: Sequence[Endpoint] = ()) -> Check:
     """The check for a vendor type; an unknown type is answered with a condition, never an error. A cloud
-    vendor's key files are read only under ``key_dir`` (the serve flag --cloud-key-dir)."""
+    vendor's key files are read only under ``key_dir`` (the serve flag --cloud-key-dir), its endpoint only
+    one of ``endpoints`` (--cloud-endpoint-allow)."""
     found = CHECKS.get(vendor_type)
     if found is check_cloud:
-        return functools.partial(check_cloud, key_dir=key_dir)
+        return functools.partial(check_cloud, key_dir=key_dir, endpoints=endpoints)
     if found is not None:
         return found
 

@@ -81,6 +81,7 @@ SERVE_FLAGS_BEFORE_THE_REGISTRY: dict[str, tuple[str, Any, list[str] | None]] = 
     "--catalog-configmap": ("catalog_configmap", None, None),
     "--computing-vendor": ("computing_vendor_file", None, None),
     "--cloud-key-dir": ("cloud_key_dir", "/tmp", None),
+    "--cloud-endpoint-allow": ("cloud_endpoint_allow", "", None),  # new: no endpoint from cluster objects
     "--cluster-name": ("cluster_name", "tensor-fusion", None),
     "--node-join-timeout": ("node_join_timeout", 900.0, None),
     "--orphan-grace": ("orphan_grace", 600.0, None),

@@ -132,3 +132,28 @@ def test_fail_on_unplaced_gates_ci_on_pods_that_found_no_node(
     assert main_simulate(args) == code
     err = capsys.readouterr().err
     assert ("1 of 4 pods unplaced" in err) == (code == 3)
+
+
+@pytest.mark.parametrize(("content", "needle"), [
+    (b"kind: Pod\nmetadata: {name: caf\xe9}\n", "bad.yaml:2: not UTF-8 text"),
+    (b"kind: Node\nspec: {replicas: " + b"9" * 5000 + b"}\n",
+     "bad.yaml: not readable YAML: a number is too long"),
+])
+def test_unreadable_inputs_are_one_line_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         content: bytes, needle: str) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(content)
+    args = argparse.Namespace(cluster=str(bad), pods=str(bad), mode=None)
+    assert main_simulate(args) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+def test_an_endless_input_is_refused_not_read_until_memory_runs_out(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from extender.common import yamlio
+
+    monkeypatch.setattr(yamlio.read_text_file, "__defaults__", (1024 * 1024,))
+    args = argparse.Namespace(cluster="/dev/zero", pods="/dev/zero", mode=None)
+    assert main_simulate(args) == 2
+    assert "/dev/zero: larger than 1 MiB; not read" in capsys.readouterr().err

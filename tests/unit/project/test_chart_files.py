@@ -12,6 +12,10 @@ from tests.unit.fixtures import ROOT
 CHART = ROOT / "charts" / "tensor-fusion-extender"
 COPIES = [
     (CHART / "files" / "rbac.yaml", ROOT / "manifests" / "rbac.yaml"),
+    (CHART / "files" / "rbac-node-patch.yaml", ROOT / "manifests" / "rbac-node-patch.yaml"),
+    (CHART / "files" / "rbac-node-delete.yaml", ROOT / "manifests" / "rbac-node-delete.yaml"),
+    (CHART / "files" / "rbac-tensorfusionclusters.yaml",
+     ROOT / "manifests" / "rbac-tensorfusionclusters.yaml"),
     (CHART / "files" / "priorityclasses.yaml", ROOT / "manifests" / "priorityclasses.yaml"),
     (CHART / "files" / "admission-policy.yaml", ROOT / "manifests" / "admission-policy.yaml"),
     (

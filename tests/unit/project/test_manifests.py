@@ -179,6 +179,7 @@ def test_webhook_scope_matches_design():
         "--port=9443",
         "--metrics-port=9090",
         "--cert-dir=/certs",
+        "--qos-priority-namespaces=tensor-fusion-sys",  # high and critical priority: the project's only
     ]
     assert find("PodDisruptionBudget", "tensor-fusion-webhook")["spec"]["minAvailable"] == 1
     svc = find("Service", "tensor-fusion-webhook")
@@ -195,8 +196,12 @@ def _rules(name: str) -> list[dict]:
     return find("ClusterRole", name)["rules"]
 
 
+EXTENDER_ROLES = ("tensor-fusion-extender", "tensor-fusion-extender-node-patch",
+                  "tensor-fusion-extender-node-delete", "tensor-fusion-extender-tensorfusionclusters")
+
+
 def test_rbac_is_least_privilege():
-    for role in ("tensor-fusion-extender", "tensor-fusion-webhook"):
+    for role in (*EXTENDER_ROLES, "tensor-fusion-webhook"):
         for r in _rules(role):
             assert "*" not in r["verbs"] and "*" not in r["resources"] and "*" not in r["apiGroups"]
             assert "secrets" not in r["resources"]
@@ -210,7 +215,8 @@ def test_rbac_is_least_privilege():
         assert set(r["verbs"]) <= {"get", "list", "watch"}
     granted = {
         (g, res, v)
-        for r in _rules("tensor-fusion-extender")
+        for role in EXTENDER_ROLES
+        for r in _rules(role)
         for g in r["apiGroups"]
         for res in r["resources"]
         for v in r["verbs"]
@@ -242,8 +248,16 @@ def test_rbac_is_least_privilege():
         "system:volume-scheduler",
         "tensor-fusion-extender",
         "tensor-fusion-scheduler-leader-election",
+        *EXTENDER_ROLES,
     ):
         assert (role, "tensor-fusion-scheduler") in bound
+    # a feature's own rights are in its own role (the chart renders it only with the feature), and no
+    # ConfigMap is readable without its name
+    core = {(res, v) for r in _rules("tensor-fusion-extender") for res in r["resources"] for v in r["verbs"]}
+    assert not {("nodes", "patch"), ("nodes", "delete"), ("gpupools", "create"), ("gpupools", "patch"),
+                ("gpupools", "delete")} & core
+    assert not [r for o in all_objects() if o["kind"] in ("Role", "ClusterRole") for r in o.get("rules") or []
+                if "configmaps" in r["resources"] and not r.get("resourceNames")]
     assert ("tensor-fusion-webhook", "tensor-fusion-webhook") in bound
 
 

@@ -153,3 +153,17 @@ def test_mutate_reports_every_denial_of_a_manifest_at_once(
     assert len(lines) == 3, lines
     for needle in ('tflops-request="lots"', 'isolation="total"', 'vram-request="-1Gi"'):
         assert sum(needle in line for line in lines) == 1, (needle, lines)
+
+
+def test_unreadable_inputs_exit_2_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(b"kind: Pod\nmetadata: {name: caf\xe9}\n")
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"kind: Pod\nspec: {priority: " + b"9" * 5000 + b"}\n")
+    pod_file = write(tmp_path, "pod.yaml", pod(tf(tflops_request="1")))
+    assert main(["mutate", "--pod", str(bad)]) == 2
+    assert main(["mutate", "--pod", str(big)]) == 2
+    assert main(["mutate", "--pod", str(pod_file), "--objects", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "latin1.yaml:2: not UTF-8 text" in err and "big.yaml: not readable YAML" in err
+    assert "Traceback" not in err

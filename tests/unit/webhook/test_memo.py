@@ -196,3 +196,18 @@ def test_serving_caches_bump_the_generation_on_every_change_of_a_pool_profile_or
     pools.handle("MODIFIED", _changed(POOL_A, ("metadata", "resourceVersion"), "2"))  # type: ignore[attr-defined]
     seen.append(serving.generation)
     assert seen == sorted(set(seen)) and len(seen) == 5
+
+
+def test_the_priority_grant_is_part_of_the_key() -> None:
+    """The same pod under two grants: the cache never answers one with the other's decision."""
+    from webhook.priority import PriorityPolicy
+
+    cache = MutationCache()
+    p = pod(tf(tflops_request="1", tflops_limit="2", qos="critical"))
+    objects = view()
+    everywhere = cache.mutate(p, objects, scheduler_name=SCHEDULER, index=1, namespace="team",
+                              priority=PriorityPolicy.from_lists("*"))
+    nowhere = cache.mutate(p, objects, scheduler_name=SCHEDULER, index=1, namespace="team",
+                           priority=PriorityPolicy.from_lists("tensor-fusion-sys"))
+    assert everywhere.denial is None and nowhere.denial is not None
+    assert nowhere.denial.reason == c.QOS

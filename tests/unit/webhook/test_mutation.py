@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender.common import contract as c
-from extender.common.contract import RequestContext, parse_request, profile_annotations
+from extender.common.contract import RequestContext, parse_request
+from extender.common.profiles import profile_annotations
 from tests.unit.fixtures.webhook import (
     ANNOTATION_MAPS,
     CONTAINER_LISTS,
@@ -302,6 +303,9 @@ def test_tilde_in_keys_is_escaped() -> None:
         (pod(tf(tflops_request="1", gpu_count="0")), c.GPU_COUNT, 'gpu-count="0"'),
         (pod(tf(tflops_request="1", gpu_count="200")), c.GPU_COUNT, 'gpu-count="200"'),
         (pod(tf(tflops_request="1", gpu_indices="a,1")), c.GPU_INDICES, 'gpu-indices="a,1"'),
+        # longer than Python converts (4,300 digits): a denial naming the key, not an internal error
+        (pod(tf(tflops_request="1", gpu_count="1" * 5000)), c.GPU_COUNT, "must be an integer within 1..128"),
+        (pod(tf(tflops_request="1", gpu_indices="0," + "7" * 5000)), c.GPU_INDICES, "at most 40 digits"),
         (pod(tf(tflops_request="1", isolation="full")), c.ISOLATION, 'isolation="full"'),
         (pod(tf(tflops_request="1", qos="max")), c.QOS, 'qos="max"'),
         (pod(tf(tflops_request="1", autoscale_target="disk")), c.AUTOSCALE_TARGET, 'autoscale-target="disk"'),
@@ -389,3 +393,51 @@ def test_a_pod_may_not_arrive_with_an_allocation(annotations: dict[str, str], sp
                     scheduler_name=SCHEDULER, index=1)
     assert result.denial is not None and result.denial.reason == key
     assert result.denial.message.startswith(key) and SCHEDULER in result.denial.message
+
+
+@pytest.mark.parametrize("qos_config", [{"defaultQoS": [1]}, {"defaultQoS": {"a": 1}}, {"defaultQoS": 5},
+                                        {"defaultQoS": None}, [1], "critical"])
+def test_a_wrong_typed_pool_default_qos_is_no_default_not_an_internal_error(qos_config: object) -> None:
+    """The GPUPool CRD keeps unknown shapes; every pod of such a pool was a code-500 denial."""
+    bad = {**POOL_A, "spec": {"qosConfig": qos_config}}
+    result = mutate(pod(tf(tflops_request="1")), view(bad), scheduler_name=SCHEDULER, index=1)
+    assert result.denial is None
+    plain = mutate(pod(tf(tflops_request="1")), view(POOL_A), scheduler_name=SCHEDULER, index=1)
+    assert result.pod["metadata"]["annotations"][c.QOS] == plain.pod["metadata"]["annotations"][c.QOS]
+
+
+# --- priority is granted, not taken ---------------------------------------------------------------------
+
+def test_the_high_and_critical_priority_classes_are_granted_only_where_the_administrator_allows() -> None:
+    from webhook.priority import PriorityPolicy
+
+    policy = PriorityPolicy.from_lists("tensor-fusion-sys, ml-prod", "pool-a")
+
+    def run_in(namespace: str, policy: PriorityPolicy, **annotations: str) -> MutationResult:
+        p = pod(tf(tflops_request="1", tflops_limit="2", **annotations))
+        return mutate(p, view(POOL_A, POOL_B), scheduler_name=SCHEDULER, index=1, namespace=namespace,
+                      priority=policy)
+
+    denied = run_in("team", policy, qos="critical", gpupool="pool-b")
+    assert denied.denial is not None and denied.denial.reason == c.QOS
+    assert denied.denial.message.startswith('tensor-fusion.ai/qos="critical": the priority class '
+                                            "tensor-fusion-critical is granted only in namespaces ml-prod, "
+                                            "tensor-fusion-sys (--qos-priority-namespaces) and pools pool-a")
+    for namespace, pool_name in (("ml-prod", "pool-b"), ("team", "pool-a")):
+        granted = run_in(namespace, policy, qos="critical", gpupool=pool_name)
+        assert granted.denial is None and granted.pod["spec"]["priorityClassName"] == "tensor-fusion-critical"
+    # medium and low need no grant; * grants everywhere (the behaviour before the policy)
+    assert run_in("team", policy, qos="medium", gpupool="pool-b").denial is None
+    anywhere = run_in("team", PriorityPolicy.from_lists("*"), qos="high", gpupool="pool-b")
+    assert anywhere.pod["spec"]["priorityClassName"] == "tensor-fusion-high"
+
+
+def test_a_pod_high_only_by_derivation_keeps_its_qos_but_gets_no_priority_class_outside_the_grant() -> None:
+    from webhook.priority import PriorityPolicy
+
+    p = pod(tf(tflops_request="1", gpupool="pool-b"))  # requests equal limits: qos high by derivation
+    result = mutate(p, view(POOL_A, POOL_B), scheduler_name=SCHEDULER, index=1, namespace="team",
+                    priority=PriorityPolicy.from_lists("tensor-fusion-sys"))
+    assert result.denial is None
+    assert result.pod["metadata"]["annotations"][c.QOS] == "high"
+    assert "priorityClassName" not in result.pod["spec"]

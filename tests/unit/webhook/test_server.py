@@ -199,6 +199,22 @@ async def test_slow_lookups_time_out_with_a_denial(aiohttp_client: ClientFactory
     assert "timed out after 0.1s" in body["response"]["status"]["message"]
 
 
+async def test_a_body_trickled_in_too_slowly_is_a_408(aiohttp_client: ClientFactory) -> None:
+    """The client's fault, answered as such: 408 naming the wait, not a 504 that reads as the webhook's."""
+    service = WebhookService(static_view, Ready(), request_timeout=0.2)
+    client = await aiohttp_client(ServerUnderTest(lambda: create_server(service)))
+    body = json.dumps(review(pod(tf(tflops_request="1")))).encode()
+
+    async def trickle() -> Any:
+        for i in range(len(body)):
+            yield body[i:i + 1]
+            await asyncio.sleep(0.05)
+
+    response = await client.post("/mutate", data=trickle(), headers={"Content-Type": "application/json"})
+    assert response.status == 408
+    assert "body did not arrive within 0.2s" in (await response.json())["message"]
+
+
 async def test_internal_errors_become_denials(aiohttp_client: ClientFactory) -> None:
     async def broken(_pod: KubeObject, _namespace: str) -> ClusterView:
         raise RuntimeError("boom")

@@ -24,10 +24,11 @@ from extender.controllers.capacity.config import CapacityConfig
 from extender.controllers.capacity.gpunodeclaim import BOUND, is_provisioned_claim
 from extender.controllers.capacity.port import KubePort, LiveView, ObjectStore
 from extender.controllers.capacity.vendors import VendorChoice, VendorKey, claim_vendor, pool_vendor
+from extender.controllers.isolation import Isolation
 from extender.kube.client import error_message
 from extender.kube.resources import GPU_NODE_CLAIMS
 from extender.planning.inputs import claim_pool
-from extender.planning.pool import PoolConfig, pool_config
+from extender.planning.pool import PoolConfig
 from extender.scheduling.inventory import object_name
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ class Cloud:
         self.checked: dict[str, float] = {}  # claim -> monotonic time its VM was last described
         self.swept: dict[VendorKey, float] = {}
         self.unfinalized: dict[str, str] = {}  # claim -> why its VM could not be terminated (reported)
+        self.claim_isolation = Isolation("provisioned", "GPUNodeClaim", view)
 
     # -- the providers ----------------------------------------------------------------------------------
 
@@ -137,7 +139,7 @@ class Cloud:
         source = f"--computing-vendor {path}"
         try:
             return VendorChoice(read_vendor_file(path), source)
-        except (OSError, yaml.YAMLError) as exc:
+        except (OSError, ValueError, yaml.YAMLError) as exc:  # ValueError: YAMLFileError
             return VendorChoice(VendorConfig("", problems=(f"{source}: {exc}",)), source)
 
     async def turn(self, step: Callable[[Picture], Awaitable[T]]) -> T | None:
@@ -151,7 +153,7 @@ class Cloud:
         """The Provisioned pools and claims and their providers (the providers no one uses any more are
         closed); None when there is no Provisioned pool, no such claim and no ``--computing-vendor``."""
         pools = {object_name(p): p for p in self.view.pools.list()}
-        configs = [c for c in (pool_config(p) for p in pools.values()) if c.launches_vms]
+        configs = [c for c in await self.view.pool_configs() if c.launches_vms and c.name in pools]
         claims = [c for c in self.view.gpunodeclaims.list() if is_provisioned_claim(c)]
         if not configs and not claims and not self.config.computing_vendor_file:
             await self.close_unused(set())
@@ -159,9 +161,15 @@ class Cloud:
         clusters = {object_name(c): c for c in (self.clusters.list() if self.clusters is not None else [])}
         fallback = self.fallback()
         key_dir = self.config.cloud_key_dir
-        pool_choice = {c.name: pool_vendor(pools[c.name], clusters, fallback, key_dir) for c in configs}
-        claim_choice = {object_name(c): claim_vendor(c, pools.get(claim_pool(c)), clusters, fallback, key_dir)
-                        for c in claims}
+        # one object at a time: a pool or claim whose vendor cannot be worked out is named, not fatal
+        pool_choice = {object_name(p): choice for p, choice in self.view.pool_isolation.each(
+            [pools[c.name] for c in configs],
+            lambda p: pool_vendor(p, clusters, fallback, key_dir, self.config.cloud_endpoints))}
+        configs = [c for c in configs if c.name in pool_choice]
+        claim_choice = {object_name(c): choice for c, choice in self.claim_isolation.each(
+            claims, lambda c: claim_vendor(c, pools.get(claim_pool(c)), clusters, fallback, key_dir,
+                                           self.config.cloud_endpoints))}
+        claims = [c for c in claims if object_name(c) in claim_choice]
         wanted: dict[VendorKey, VendorChoice] = {}
         for choice in [*pool_choice.values(), *claim_choice.values(), *([fallback] if fallback else [])]:
             wanted.setdefault(choice.key, choice)

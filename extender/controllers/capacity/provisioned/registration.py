@@ -46,13 +46,20 @@ class Registration:
     async def _pass(self, picture: Picture, now: dt.datetime) -> None:
         problems = picture.vendor_problems(self.cloud)
         by_pool = {c.name: c for c in picture.configs if c.name not in problems}
-        for claim in picture.claims:
+
+        async def step(claim: dict[str, Any]) -> None:
             owner = by_pool.get(claim_pool(claim))
             choice = picture.claim_choice[object_name(claim)]
+            if owner is not None and not (claim.get("status") or {}).get("instanceID"):
+                # a VM still to make goes through the pool's vendor: the vendor a claim records (an
+                # annotation whoever may patch the claim can edit) only describes and terminates its own VM
+                choice = picture.pool_choice[owner.name]
             provider = picture.providers[choice.key]
             if owner is not None and provider is not None and \
                     not (claim.get("metadata") or {}).get("deletionTimestamp"):
                 await self._sync(claim, owner, choice, provider, now)
+
+        await self.cloud.claim_isolation.each_async(picture.claims, step)  # one claim never stops the others
 
     async def _sync(
         self, claim: dict[str, Any], config: PoolConfig, choice: VendorChoice, provider: Provider,

@@ -34,11 +34,14 @@ class Termination:
         cloud = self.cloud
         # a claim that went without us (its finalizer removed by hand) takes its reported reason with it
         cloud.unfinalized = {k: v for k, v in cloud.unfinalized.items() if k in picture.claim_choice}
-        for claim in picture.claims:
+
+        async def step(claim: dict[str, Any]) -> None:
             meta = claim.get("metadata") or {}
             if meta.get("deletionTimestamp") and PROVISIONED_FINALIZER in (meta.get("finalizers") or []):
                 choice = picture.claim_choice[object_name(claim)]
                 await self._finalize(claim, choice, picture.providers[choice.key])
+
+        await cloud.claim_isolation.each_async(picture.claims, step)  # one claim never stops the others
 
     async def _finalize(
         self, claim: Mapping[str, Any], choice: VendorChoice, provider: Provider | None

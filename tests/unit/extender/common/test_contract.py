@@ -22,9 +22,9 @@ from extender.common.contract import (
     native_gpu_count,
     parse_gpu_ids,
     parse_request,
-    profile_annotations,
     render_annotations,
 )
+from extender.common.profiles import profile_annotations
 
 POOLS = {"pool-a": PoolDefaults("pool-a"), "pool-low": PoolDefaults("pool-low", default_qos=QoS.LOW)}
 CTX = RequestContext(pools=POOLS, default_pool="pool-a")

@@ -76,7 +76,7 @@ def test_format_duration_reads_back(seconds: float) -> None:
 def test_every_serve_option_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     parser = cli.build_parser()
     names = {options.env_name(cli.ENV_PREFIX, a.option_strings[0]) for a in _serve_actions(parser)}
-    assert len(names) == len(_serve_actions(parser)) == 57
+    assert len(names) == len(_serve_actions(parser)) == 58  # --cloud-endpoint-allow
     assert "TF_EXTENDER_BIND_DEADLINE" in names and "TF_EXTENDER_NO_PREEMPTOR" not in names
     monkeypatch.setenv("TF_EXTENDER_BIND_DEADLINE", "20s")
     monkeypatch.setenv("TF_EXTENDER_PREEMPTOR", "false")
@@ -112,7 +112,7 @@ def test_a_config_file_sets_options_below_the_environment_and_the_command_line(
     ("port: 80\nexpansion: maybe\n", "extender.yaml:2: --expansion is a switch: 'maybe' is not true or "
                                      "false"),
     ("inventory-source: magic\n", "extender.yaml:1: --inventory-source: 'magic' is not one of"),
-    ("max-pods-per-node: lots\n", "extender.yaml:1: argument --max-pods-per-node: invalid"),
+    ("max-pods-per-node: lots\n", "extender.yaml:1: argument --max-pods-per-node: 'lots' is not an integer"),
     ("bind-deadline: [1, 2]\n", "extender.yaml:1: --bind-deadline takes one value"),
     ("bind-deadline: 45s\n  port: 1\n", "extender.yaml:2:"),
     ("- bind-deadline\n", "expected a mapping of option names to values, not list"),
@@ -171,3 +171,14 @@ def test_serve_logs_each_deprecation_once_logging_is_set_up(tmp_path: Path,
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
     assert [(line["level"], line["msg"]) for line in lines] == [
         ("warning", "--bind-deadline 30: bare seconds are deprecated, write a Go duration (30s)")]
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("9" * 400, "too long for a number"), ("99999999999999999999", "is above"),
+    ("99999999999999h", "is longer than any duration can be"),
+])
+def test_a_duration_flag_too_long_to_hold_is_a_usage_error_not_an_overflow(text: str, needle: str) -> None:
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match=needle):
+        options.duration("--bind-deadline")(text)

@@ -13,7 +13,7 @@ import datetime as dt
 
 import pytest
 
-from extender.common.timefmt import format_age, parse_duration, parse_time
+from extender.common.timefmt import DurationOverflowError, format_age, parse_duration, parse_time
 
 UTC = dt.UTC
 
@@ -83,3 +83,16 @@ def test_bad_durations(text: str) -> None:
 ])
 def test_ages_read_as_kubectl_prints_them(seconds: float, age: str) -> None:
     assert format_age(seconds) == age
+@pytest.mark.parametrize("text", ["99999999999999h", "9" * 400 + "s", "1" * 5000 + "h"])
+def test_a_duration_that_overflows_is_a_named_value_error(text: str) -> None:
+    """Longer than a timedelta holds: the ValueError every caller already names the setting for, not an
+    OverflowError that escapes them (serve --bind-deadline, plan --protection-time, every CRD duration)."""
+    with pytest.raises(DurationOverflowError, match="is longer than any duration can be") as exc:
+        parse_duration(text)
+    assert isinstance(exc.value, ValueError) and len(str(exc.value)) < 200
+
+
+@pytest.mark.parametrize("value", [None, 5, 1.5, ["5m"], {"m": 5}, True])
+def test_a_duration_that_is_not_text_is_a_value_error(value: object) -> None:
+    with pytest.raises(ValueError, match="is not a duration"):
+        parse_duration(value)  # type: ignore[arg-type]

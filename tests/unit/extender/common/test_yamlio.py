@@ -59,3 +59,35 @@ def test_aliases_share_one_object_so_an_alias_bomb_stays_small() -> None:
     levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
     (document,) = yamlio.iter_documents("\n".join(levels) + "\n", "bomb.yaml")
     assert document["a8"][0] is document["a8"][9] is document["a7"]
+
+
+def test_a_file_larger_than_the_cap_is_refused_naming_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"a: 1\n" * 1000)
+    with pytest.raises(yamlio.InputFileError, match=r"big.yaml: larger than 0 MiB; not read"):
+        yamlio.read_text_file(str(big), max_bytes=100)
+    assert yamlio.read_text_file(str(big), max_bytes=5000).startswith("a: 1")
+
+
+def test_an_endless_input_is_read_only_up_to_the_cap() -> None:
+    with pytest.raises(yamlio.InputFileError, match="/dev/zero: larger than 1 MiB"):
+        yamlio.read_text_file("/dev/zero", max_bytes=1024 * 1024)
+
+
+def test_a_file_that_is_not_utf8_names_the_file_line_and_byte(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "pods.yaml"
+    bad.write_bytes(b"kind: Pod\nmetadata:\n  name: caf\xe9\n")
+    with pytest.raises(yamlio.InputFileError, match=r"pods.yaml:3: not UTF-8 text \(byte 31: b'\\xe9'\)"):
+        yamlio.read_text_file(str(bad))
+
+
+def test_a_missing_file_names_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(yamlio.InputFileError, match=r"nope\.yaml: cannot read: No such file"):
+        yamlio.read_text_file(str(tmp_path / "nope.yaml"))
+
+
+@pytest.mark.parametrize("text", ["replicas: " + "9" * 5000, '{"replicas": ' + "9" * 5000 + "}",
+                                  "a: " + "[" * 20000 + "]" * 20000])
+def test_numbers_python_will_not_convert_are_a_named_yaml_error(text: str) -> None:
+    with pytest.raises(yamlio.YAMLFileError, match=r"^big.yaml:.*(not readable|not valid) YAML"):
+        list(yamlio.iter_documents(text, "big.yaml"))

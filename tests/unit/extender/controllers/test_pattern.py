@@ -12,7 +12,7 @@ from extender.controllers import registry
 ROOT = Path(__file__).resolve().parents[4]
 CONTROLLERS = ROOT / "extender" / "controllers"
 # The machinery every controller runs on: the runner, what a package builds from, the tuple, the Lease.
-MACHINERY = {"__init__.py", "runner.py", "wiring.py", "registry.py", "leadership.py"}
+MACHINERY = {"__init__.py", "runner.py", "wiring.py", "registry.py", "leadership.py", "isolation.py"}
 MAX_LINES = 600
 
 

@@ -56,3 +56,15 @@ def test_bad_catalogs_are_named(text: str, message: str) -> None:
     with pytest.raises(CapacityError, match=message.replace("(", r"\(").replace("[", r"\[")):
         parse_catalog(text)
 
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("instanceTypes:\n- {name: x, gpuModel: A10G, prices: {on-demand: 1}, vcpu: lots}\n",
+     ".vcpu: 'lots' is not"),
+    ("instanceTypes:\n- {name: x, gpuModel: A10G, prices: {on-demand: 1}, vcpu: " + "9" * 5000 + "}\n",
+     "catalog: not readable YAML"),
+])
+def test_a_catalog_number_that_cannot_be_read_is_a_named_error(text: str, needle: str) -> None:
+    with pytest.raises(CapacityError, match="") as exc:
+        parse_catalog(text)
+    assert needle in str(exc.value) and len(str(exc.value)) < 300

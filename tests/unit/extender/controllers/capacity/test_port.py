@@ -28,9 +28,21 @@ from tests.unit.fixtures.fakes import Events
 # The ServiceAccount tf-extender runs as (beside kube-scheduler, in the scheduler's pod), and the RBAC the
 # manifests and the chart ship for it (the chart's file is a copy: test_chart_files keeps them equal).
 SERVICE_ACCOUNT = ("tensor-fusion-sys", "tensor-fusion-scheduler")
-RBAC_FILES = (ROOT / "manifests" / "rbac.yaml",
-              ROOT / "charts" / "tensor-fusion-extender" / "files" / "rbac.yaml")
+# With every feature on (the capacity controllers need the node-patch and node-delete roles); the catalog
+# ConfigMap is granted by name, by the Role the chart renders for capacity.catalogConfigMap (CATALOG_ROLE).
+RBAC_FILES = tuple((folder, ("rbac.yaml", "rbac-node-patch.yaml", "rbac-node-delete.yaml",
+                             "rbac-tensorfusionclusters.yaml"))
+                   for folder in (ROOT / "manifests", ROOT / "charts" / "tensor-fusion-extender" / "files"))
 CATALOG_CONFIGMAP = "tensor-fusion-sys/gpu-catalog"
+CATALOG_ROLE = [
+    {"kind": "Role", "metadata": {"name": "tensor-fusion-extender-catalog", "namespace": "tensor-fusion-sys"},
+     "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["gpu-catalog"],
+                "verbs": ["get"]}]},
+    {"kind": "RoleBinding", "metadata": {"name": "tensor-fusion-extender-catalog",
+                                         "namespace": "tensor-fusion-sys"},
+     "roleRef": {"kind": "Role", "name": "tensor-fusion-extender-catalog"},
+     "subjects": [{"kind": "ServiceAccount", "name": "tensor-fusion-scheduler",
+                   "namespace": "tensor-fusion-sys"}]}]
 NODE_CLASS = "/apis/karpenter.kwok.sh/v1alpha1/kwoknodeclasses/default"
 
 
@@ -165,10 +177,11 @@ async def test_every_request_of_the_capacity_controllers_is_granted_by_the_shipp
     finally:
         api_client.close()
 
-    for path in RBAC_FILES:
-        rules = list(_rules_for_the_extender(_objects(path)))
+    for folder, names in RBAC_FILES:
+        objects = [o for name in names for o in _objects(folder / name)] + CATALOG_ROLE
+        rules = list(_rules_for_the_extender(objects))
         denied = sorted({str(r) for r in fake.requests if not granted(r, rules)})
-        assert not denied, f"{path.relative_to(ROOT)} does not grant the extender: {denied}"
+        assert not denied, f"{folder.relative_to(ROOT)} does not grant the extender: {denied}"
     # what the passes asked for, so that "all granted" is not said of nothing
     made = {(r.verb, r.group, r.resource) for r in fake.requests}
     assert made == {

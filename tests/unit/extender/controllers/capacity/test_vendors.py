@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from extender.cloud.vendor import parse_vendor
 from extender.common.labels import COMPUTING_VENDOR, MANAGED_BY
 from extender.controllers.capacity.vendors import (
@@ -169,3 +171,71 @@ def test_a_clusters_key_files_must_be_under_the_key_dir_symlinks_resolved(tmp_pa
     claim = {"metadata": {"name": "c", "annotations": {COMPUTING_VENDOR: recorded_text(outside.config)}}}
     recorded = recorded_vendor(claim, str(keys))
     assert recorded is not None and "params.accessKeyPath" in recorded.config.problems[0]
+
+
+# --- the cloud endpoint is the administrator's -------------------------------------------------------------
+
+def test_an_endpoint_from_a_cluster_is_used_only_when_the_flag_allows_it_https_only() -> None:
+    from extender.cloud.vendor import parse_endpoint_allow
+
+    allow = parse_endpoint_allow("ec2.vpce.example.com, https://ecs.internal:8443,http://127.0.0.1")
+    cases = {
+        "https://ec2.vpce.example.com": None,
+        "ec2.vpce.example.com": None,  # a bare host is HTTPS, as the clients take it
+        "https://ec2.vpce.example.com:444": None,  # an entry without a port allows any port of its host
+        "https://ecs.internal:8443/path": None,
+        "http://127.0.0.1:5000": None,  # a local emulator, listed with http:// explicitly
+        "http://ec2.vpce.example.com": "not listed in --cloud-endpoint-allow (https only)",
+        "https://ecs.internal:9443": "not listed",
+        "https://attacker.example.net": "not listed",
+        "https://user@ec2.vpce.example.com": "is not an https:// endpoint of a host",
+        "ftp://ec2.vpce.example.com": "is not an https:// endpoint of a host",
+    }
+    for url, problem in cases.items():
+        clusters = {"a": cluster("a", raw_vendor(extraParams={"endpoint": url}))}
+        choice = pool_vendor(pool("a-p", owner="a"), clusters, FALLBACK, "", allow)
+        if problem is None:
+            assert not choice.config.problems, (url, choice.config.problems)
+        else:
+            assert any(f"params.extraParams.endpoint='{url}'" in p and problem in p
+                       for p in choice.config.problems), (url, choice.config.problems)
+    # no flag: no endpoint from a cluster object at all (the file --computing-vendor is exempt)
+    clusters = {"a": cluster("a", raw_vendor(extraParams={"vpcEndpoint": "https://vpc.example.com"}))}
+    problems = pool_vendor(pool("a-p", owner="a"), clusters, FALLBACK, "", ()).config.problems
+    assert any("extraParams.vpcEndpoint='https://vpc.example.com': endpoints from cluster objects are not "
+               "used unless --cloud-endpoint-allow lists them" in p for p in problems)
+
+
+def test_the_allow_list_refuses_plain_http_to_a_remote_host() -> None:
+    import pytest
+
+    from extender.cloud.vendor import parse_endpoint_allow
+
+    with pytest.raises(ValueError, match="only https:// endpoints may be allowed"):
+        parse_endpoint_allow("http://ec2.example.com")
+
+
+def test_a_claims_recorded_endpoint_is_held_to_the_same_allow_list() -> None:
+    """A patched annotation cannot send the signed describe and terminate calls to a host of the writer's."""
+    forged = claim("c1", raw_vendor(extraParams={"endpoint": "https://attacker.example.net"}))
+    assert recorded_vendor(forged, "", ()) is None or recorded_vendor(forged, "", ()).config.problems
+    choice = claim_vendor(forged, None, {}, None, "", ())
+    assert choice.config.problems and "attacker.example.net" in "; ".join(choice.config.problems)
+
+
+@pytest.mark.parametrize("annotation", ['{"type":"aws","params":"x"}', '{"type":"aws","params":[1]}',
+                                        "[" * 5000, '{"params":{"extraParams":{"endpoint":5}}}', "5"])
+def test_a_malformed_recorded_vendor_is_no_record_not_an_exception(annotation: str) -> None:
+    obj = {"kind": "GPUNodeClaim", "metadata": {"name": "c1", "annotations": {COMPUTING_VENDOR: annotation}}}
+    assert recorded_vendor(obj) is None
+    assert claim_vendor(obj, None, {}, FALLBACK) is FALLBACK
+
+
+def test_every_field_of_a_computing_vendor_of_the_wrong_type_is_a_named_problem() -> None:
+    from tests.unit.fixtures.sweep import sweep
+
+    valid = {"type": "aws", "authType": "accessKey", "enable": True,
+             "params": {"defaultRegion": "us-east-1", "accessKeyPath": "/tmp/secret/ak",
+                        "secretKeyPath": "/tmp/secret/sk", "extraParams": {"endpoint": "https://e.example.com"}}}
+    failures = sweep(valid, lambda raw: list(parse_vendor(raw, "spec.computingVendor").problems))
+    assert not failures, "\n".join(failures)

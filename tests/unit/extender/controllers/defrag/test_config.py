@@ -76,3 +76,27 @@ def test_go_durations(text, seconds):
 def test_bad_durations(text):
     with pytest.raises(ValueError):
         parse_duration(text)
+
+
+def test_every_field_of_the_wrong_type_is_a_named_error_never_another_exception():
+    from tests.unit.fixtures.sweep import sweep
+
+    valid = {"metadata": {"name": "p"}, "spec": {"nodeManagerConfig": {"nodeCompaction": {"defrag": {
+        "enabled": True, "schedule": "0 3 * * *", "timezone": "UTC", "maxDuration": "2h",
+        "utilizationThresholdPercent": 40}}}}}
+
+    def parse(obj: object) -> list[str]:
+        try:
+            parse_config(obj)  # type: ignore[arg-type]
+        except DefragConfigError as exc:  # the named refusal; anything else escapes the sweep
+            return [str(exc)]
+        return []
+
+    failures = sweep(valid, parse, named=lambda path: None if path[0] == "metadata" else str(path[-1]))
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("max_duration", ["99999999999999h", "9" * 400 + "h", "200000h"])
+def test_a_max_duration_that_overflows_is_named(max_duration: str):
+    with pytest.raises(DefragConfigError, match="maxDuration"):
+        parse_config(pool(maxDuration=max_duration))

@@ -405,3 +405,23 @@ async def test_a_run_that_fails_says_so() -> None:
     assert recorder.events == [
         ("DefragFailed", "defragmentation run failed: API server unreachable", "Warning")]
     assert sample(metrics, "runs", pool="p", trigger="manual", outcome="failed") == 1
+
+
+@pytest.mark.parametrize("bad", [
+    {"maxDuration": "99999999999999h"},  # once an OverflowError at the first pool in name order
+    {"nodeCompaction": "10m"},
+    {"spec": [1]},
+])
+def test_a_bad_pool_first_in_name_order_does_not_hide_the_later_pools_triggers(bad: dict[str, Any]):
+    first = pool("a-bad", maxDuration=bad.get("maxDuration", "2h"))
+    if "nodeCompaction" in bad:
+        first["spec"]["nodeManagerConfig"]["nodeCompaction"] = bad["nodeCompaction"]
+    if "spec" in bad:
+        first["spec"] = bad["spec"]
+    later = pool("z-good")
+    later["metadata"]["annotations"] = {MANUAL_DEFRAG: "2026-06-01T11:59:59Z"}
+    defragmenter, cluster, recorder, _, _ = setup([first, later])
+    assert [(p["metadata"]["name"], t) for p, _, t in defragmenter.due(cluster.pools())] == [
+        ("z-good", Trigger.MANUAL)]
+    defragmenter.due(cluster.pools())
+    assert [(r, t) for r, _, t in recorder.events] == [("DefragConfigInvalid", "Warning")]

@@ -84,3 +84,44 @@ def test_the_package_builds_one_leader_only_reconciler_woken_by_clusters_and_poo
         reconciler.wake.event.clear()
         cache.handle("ADDED", {"metadata": {"name": "x", "resourceVersion": "1"}})
         assert reconciler.wake.event.is_set()
+
+
+async def test_a_cluster_that_fails_is_evented_once_and_the_others_are_reconciled() -> None:
+    import datetime as dt
+    from typing import Any
+
+    from extender.controllers.tfcluster.config import TFClusterConfig
+    from extender.controllers.tfcluster.controller import TFClusterController
+
+    class Cache:
+        def __init__(self, objects: list[dict[str, Any]]) -> None:
+            self.objects = objects
+
+        def list(self) -> list[dict[str, Any]]:
+            return list(self.objects)
+
+    class Events:
+        def __init__(self) -> None:
+            self.events: list[tuple[str, str]] = []
+
+        def record(self, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+            self.events.append((obj["metadata"]["name"], reason))
+
+    first, second = cluster(("a", False, SHARED)), cluster(("b", False, SHARED))
+    first["metadata"]["name"], second["metadata"]["name"] = "a-broken", "b-fine"
+    events = Events()
+    controller = TFClusterController(TFClusterConfig(), None, pools=Cache([]),  # type: ignore[arg-type]
+                                     clusters=Cache([first, second]), recorder=events)  # type: ignore[arg-type]
+    done: list[str] = []
+
+    async def reconcile_one(c: dict[str, Any], pools: Any, now: Any) -> None:
+        if c["metadata"]["name"] == "a-broken":
+            raise KeyError("status")
+        done.append(c["metadata"]["name"])
+
+    controller.reconcile_one = reconcile_one  # type: ignore[method-assign]
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    await controller.reconcile(now)
+    await controller.reconcile(now)
+    assert done == ["b-fine", "b-fine"]
+    assert events.events == [("a-broken", "ReconcileFailed")]  # once per change, not per pass

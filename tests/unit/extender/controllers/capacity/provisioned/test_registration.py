@@ -50,3 +50,28 @@ async def test_a_claim_whose_vm_is_gone_is_deleted(
     await world.capacity.registration.reconcile(NOW)
     assert ("DELETE", "gpunodeclaims", name) in world.port.calls
     assert [(e[0], e[1]) for e in world.port.events] == [(name, "InstanceGone")]
+
+
+async def test_a_claims_recorded_vendor_never_redirects_a_launch(
+        catalog_file: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Pending claim without a VM is launched through its pool's vendor, not the vendor its annotation
+    records (which whoever may patch the claim can edit): that one only describes and terminates."""
+    from extender.common.labels import COMPUTING_VENDOR
+    from extender.controllers.capacity.provisioned import cloud as cloud_module
+    from tests.unit.fixtures.capacity import FakeProvider
+
+    world = Provisioned(tmp_path, monkeypatch, catalog_file)
+    claim = await world.launched()
+    by_region: dict[str, FakeProvider] = {}
+    monkeypatch.setattr(cloud_module, "make_provider",
+                        lambda config: by_region.setdefault(config.region, FakeProvider()))
+    world.capacity.cloud.vendors.clear()
+    name = claim["metadata"]["name"]
+    annotations = {**claim["metadata"].get("annotations", {}),
+                   COMPUTING_VENDOR: '{"type":"aws","authType":"serviceAccountRole",'
+                                     '"params":{"defaultRegion":"ap-south-1"}}'}
+    world.claims.objects[name] = {**claim, "metadata": {**claim["metadata"], "annotations": annotations},
+                                  "status": {"phase": "Pending"}}
+    await world.capacity.registration.reconcile(NOW)
+    assert ("create", name) in by_region["us-east-1"].calls  # the pool's (the --computing-vendor file's)
+    assert not [c for c in by_region.get("ap-south-1", FakeProvider()).calls if c[0] == "create"]
