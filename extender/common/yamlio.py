@@ -82,7 +82,8 @@ def read_text_file(path: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
             with open(path, "rb") as handle:
                 data = handle.read(max_bytes + 1)
     except OSError as exc:
-        raise InputFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        why = exc.strerror or str(exc)
+        raise InputFileError(f"{path}: {why[:1].lower()}{why[1:]}") from None  # as common.cli's describe()
     if len(data) > max_bytes:
         raise InputFileError(f"{path}: larger than {max_bytes // (1024 * 1024)} MiB; not read")
     try:

@@ -89,6 +89,11 @@ def _map(raw: object) -> Mapping[str, Any]:
     return raw if isinstance(raw, Mapping) else {}
 
 
+def _list(raw: object) -> list[Any]:
+    """``raw`` when it is a list, else an empty one (as ``_map``)."""
+    return raw if isinstance(raw, list) else []
+
+
 def _labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return _map(_map(obj.get("metadata")).get("labels"))
 
@@ -105,11 +110,11 @@ def topology_of(status: Mapping[str, Any]) -> tuple[int | None, tuple[Link, ...]
     (tiers the hypervisor worked out); where a GPU has none, its ``status.nvLink.peers`` count as tier 0."""
     numa = _int(status.get("numaNode"))
     links: list[Link] = []
-    for peer in ((status.get("topology") or {}).get("peers") or []):
+    for peer in _list(_map(status.get("topology")).get("peers")):
         if isinstance(peer, Mapping) and peer.get("peerGPUUUID") and _int(peer.get("tier")) is not None:
             links.append(Link(str(peer["peerGPUUUID"]), int(peer["tier"]), _int(peer.get("bandwidth")) or 0))
     if not links:
-        for peer in ((status.get("nvLink") or {}).get("peers") or []):
+        for peer in _list(_map(status.get("nvLink")).get("peers")):
             if isinstance(peer, Mapping) and peer.get("peerUUID"):
                 links.append(Link(str(peer["peerUUID"]), 0, (_int(peer.get("bandwidthMBps")) or 0) * MBPS))
     return (numa if numa is None or numa >= 0 else None), tuple(links)
@@ -217,7 +222,7 @@ def pool_is_default(obj: Mapping[str, Any]) -> bool:
 
 def template_topology(obj: Mapping[str, Any]) -> object:
     """A SchedulingConfigTemplate's ``spec.placement.gpuTopology`` (TensorFusion's plugin args), raw."""
-    return ((obj.get("spec") or {}).get("placement") or {}).get("gpuTopology")
+    return _map(_map(obj.get("spec")).get("placement")).get("gpuTopology")
 
 
 def template_mode(obj: Mapping[str, Any]) -> str | None:

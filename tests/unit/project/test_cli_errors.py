@@ -40,8 +40,8 @@ UNREACHABLE = "cannot reach the API server at https://127.0.0.1:1"
 CASES = [
     # usage: the flag and its value
     ("tf-extender", ["bogus"], 2, "invalid choice: 'bogus'"),
-    ("tf-extender", ["serve", "--config", "{tmp}/none.yaml"], 2, "none.yaml: cannot read: no such file"),
-    ("tf-extender", ["serve", "--port", "eighty"], 2, "argument --port: invalid int value: 'eighty'"),
+    ("tf-extender", ["serve", "--config", "{tmp}/none.yaml"], 2, "none.yaml: no such file or directory"),
+    ("tf-extender", ["serve", "--port", "eighty"], 2, "argument --port: 'eighty' is not an integer"),
     ("tf-extender", ["crds", "apply", "--timeout", "soon"], 2,
      "argument --timeout: 'soon' is not a duration"),
     ("tf-extender", ["status", "--watch-interval", "0s"], 2, "--watch-interval"),
