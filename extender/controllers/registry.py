@@ -9,6 +9,7 @@ from extender.controllers import (
     capacity,
     defrag,
     expansion,
+    gang,
     gpunode,
     gpustatus,
     nudge,
@@ -18,6 +19,7 @@ from extender.controllers import (
 from extender.controllers.wiring import ControllerPackage
 
 CONTROLLERS: tuple[ControllerPackage, ...] = (
+    gang,
     preemptor,
     nudge,
     gpustatus,

@@ -121,6 +121,8 @@ SERVE_FLAGS_ADDED_SINCE: dict[str, tuple[str, Any, list[str] | None]] = {
     "--tensorfusion-cluster-interval": ("tensorfusion_cluster_interval", 30.0, None),
     "--gpu-nodes --no-gpu-nodes": ("gpu_nodes_enabled", True, None),
     "--gpu-node-interval": ("gpu_node_interval", 5.0, None),
+    "--gang-scheduling --no-gang-scheduling": ("gang_scheduling", True, None),
+    "--gang-reserve-timeout": ("gang_reserve_timeout", 60.0, None),
 }
 
 

@@ -1,0 +1,79 @@
+"""Gang scheduling (DESIGN §6e): the keeper of gangs (``controller``) answers its members' filters, places
+each gang whole and holds its GPUs, and times gangs out; ``metrics`` counts waiting gangs and the time to
+place one. The decisions are pure, in ``extender.gang``; the contract is ``extender.common.gang``."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from extender.common.options import duration
+
+if TYPE_CHECKING:
+    from extender.controllers.wiring import Built, Deps
+
+NAME = "gang"
+
+
+@dataclass(frozen=True)
+class GangOptions:
+    enabled: bool = True
+    reserve_seconds: float = 60.0
+
+
+DEFAULT = GangOptions()
+__all__ = ["DEFAULT", "NAME", "GangOptions", "add_arguments", "build", "from_args"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("gang scheduling (tensor-fusion.ai/gang-enabled, PodGroup)")
+    group.add_argument("--gang-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                       help="place the pods of a gang (tensor-fusion.ai/gang-enabled, or a PodGroup with a "
+                            "gang policy) all together or not at all (default on)")
+    group.add_argument("--gang-reserve-timeout", metavar="DURATION",
+                       type=duration("--gang-reserve-timeout", positive=True),
+                       default=DEFAULT.reserve_seconds,
+                       help="how long a gang placed whole keeps its GPUs for members that have not bound "
+                            "yet before it is released and placed again (default 1m)")
+
+
+def from_args(args: argparse.Namespace) -> GangOptions:
+    return GangOptions(enabled=bool(args.gang_scheduling), reserve_seconds=float(args.gang_reserve_timeout))
+
+
+def build(deps: Deps, settings: GangOptions) -> Built | None:
+    """The keeper on every replica (each answers its own filters), fed by the GPU pods' watch; PodGroups
+    are read when the API server serves them."""
+    if not settings.enabled:
+        return None
+    import datetime as dt
+
+    from extender.controllers.gang.controller import GangKeeper, Phase
+    from extender.controllers.gang.metrics import GangMetrics
+    from extender.controllers.runner import Reconciler
+    from extender.controllers.wiring import Built
+    from extender.kube.resources import POD_GROUPS
+
+    metrics = GangMetrics(deps.registry)
+    pod_groups = deps.informers.cache(POD_GROUPS, optional=True, name="podgroups")
+
+    def record(obj: dict[str, Any], reason: str, message: str, type_: str) -> None:
+        deps.recorder.record(obj, reason, message, type_)
+
+    keeper = GangKeeper(deps.state, reserve_seconds=settings.reserve_seconds, events=record,
+                        pod_groups=lambda namespace, name: pod_groups.get(name, namespace),
+                        on_placed=metrics.time_to_place.observe)
+    deps.core.pods.subscribe(keeper.observe)
+
+    async def reconcile(now: dt.datetime) -> float | None:
+        keeper.sweep()
+        counts: dict[Phase, int] = {phase: 0 for phase in Phase if phase is not Phase.RUNNING}
+        for gang in keeper.waiting():
+            counts[gang.phase] = counts.get(gang.phase, 0) + 1
+        for phase, count in counts.items():
+            metrics.waiting.labels(phase.value).set(count)
+        return 1.0
+
+    controller = Reconciler("gang", reconcile, interval=1.0, caches=(deps.core.pods,))
+    return Built(controllers=(controller,), hooks=(keeper,), part=keeper)

@@ -1,0 +1,63 @@
+"""Which members of a gang are here, and whether enough are to place it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from extender.common.pods import TERMINAL_PHASES, pod_key
+
+
+def is_live(pod: Mapping[str, Any]) -> bool:
+    """A member that counts: not finished, not being deleted."""
+    metadata = pod.get("metadata") or {}
+    phase = (pod.get("status") or {}).get("phase")
+    return not metadata.get("deletionTimestamp") and phase not in TERMINAL_PHASES
+
+
+def is_bound(pod: Mapping[str, Any]) -> bool:
+    return bool((pod.get("spec") or {}).get("nodeName"))
+
+
+@dataclass(frozen=True)
+class Quorum:
+    """A gang's members as they are now."""
+
+    key: str
+    required: int
+    bound: tuple[str, ...]  # pod keys, by name
+    waiting: tuple[Mapping[str, Any], ...]  # pods, by name
+
+    @property
+    def here(self) -> int:
+        return len(self.bound) + len(self.waiting)
+
+    @property
+    def missing(self) -> int:
+        return max(self.required - self.here, 0)
+
+    @property
+    def met(self) -> bool:
+        """Enough members exist to place the gang."""
+        return self.here >= self.required
+
+    @property
+    def running(self) -> bool:
+        """The quorum is bound already: later members (a restarted one, extras) place alone."""
+        return len(self.bound) >= self.required
+
+    @property
+    def still_needed(self) -> int:
+        """How many waiting members must be placed for the quorum to be bound."""
+        return max(self.required - len(self.bound), 0)
+
+    def waiting_message(self) -> str:
+        return (f"gang {self.key}: waiting for {self.missing} of {self.required} members "
+                f"({self.here} here, {len(self.bound)} bound)")
+
+
+def quorum(key: str, required: int, pods: Iterable[Mapping[str, Any]]) -> Quorum:
+    live = sorted((p for p in pods if is_live(p)), key=pod_key)
+    return Quorum(key, required, tuple(pod_key(p) for p in live if is_bound(p)),
+                  tuple(p for p in live if not is_bound(p)))
