@@ -42,6 +42,7 @@ from extender.controllers.expansion.detect import (
     is_capacity_only,
     unschedulable,
 )
+from extender.controllers.expansion.gang import gang_of, plan_gang
 from extender.controllers.expansion.inflight import Departure, LeaveReason, PodRef
 from extender.controllers.expansion.intake import (
     ExpansionPort,
@@ -146,7 +147,11 @@ class Expander(Intake):
         while self._due and self._due[0][0] <= at:
             _, _, entry = heapq.heappop(self._due)
             try:
-                await self._process(entry)
+                gang = gang_of(self.port.cached_pod(entry.pod.namespace, entry.pod.name))
+                if gang is None or self.placeholders is not None:
+                    await self._process(entry)
+                else:
+                    await self._process_gang(gang, entry)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -347,14 +352,59 @@ class Expander(Intake):
         elif isinstance(decision, Create):
             await self._create(pod, entry, decision)
 
-    async def _create(self, pod: dict[str, Any], entry: Queued, decision: Create) -> None:
+    async def _process_gang(self, gang: str, first: Queued) -> None:
+        """A gang's queued members as one demand (``expansion.gang``): every claim they need in one batch,
+        or none."""
+        entries = [first, *(e for _, _, e in self._due
+                            if gang_of(self.port.cached_pod(e.pod.namespace, e.pod.name)) == gang)]
+        taken = {id(e) for e in entries}
+        self._due = [item for item in self._due if id(item[2]) not in taken]
+        heapq.heapify(self._due)
+        members: list[tuple[Queued, dict[str, Any]]] = []
+        for entry in entries:
+            pod = await self.port.read_pod(entry.pod.namespace, entry.pod.name)
+            if pod is None or skip_reason(pod, entry.pod.uid) is not None:
+                self.flagged.forget(entry.pod.uid)
+                self._forget_pending(entry.pod.uid)
+                continue
+            self._parked.pop(entry.pod.uid, None)
+            members.append((entry, pod))
+        self.track_karpenter_claims()
+        batch = plan_gang(gang, members, self.port, self.inflight, self._new_id, self._clock())
+        if batch.blocked:
+            for entry, pod in members:
+                if batch.slot_wait:
+                    self._slot_waiters[entry.pod.uid] = entry
+                else:
+                    self._failed(entry.pod.uid)
+                if not entry.announced_wait:
+                    entry.announced_wait = True
+                    self.port.record(pod, REASON_WAITING if batch.slot_wait else REASON_FAILED, batch.blocked,
+                                     "Normal" if batch.slot_wait else "Warning")
+            return
+        created: dict[str, str | None] = {}
+        for entry, pod, decision, planned in batch.creates:
+            created[planned] = await self._create(pod, entry, decision)
+        for entry, pod, claim in batch.waits:
+            name = created.get(claim, claim)
+            if name is None:  # the claim planned for it could not be created: tried again later
+                self._failed(entry.pod.uid)
+                continue
+            self.inflight.assign(name, pod, entry.request)
+            self.port.record(pod, REASON_WAITING, f"NodeClaim {name}, bought for gang {gang}, has room for "
+                                                  "this pod: no new node is created")
+        if batch.creates:
+            log.info("gang scale-up", extra={"gang": gang, "members": len(members),
+                                             "claims": sorted(n for n in created.values() if n)})
+
+    async def _create(self, pod: dict[str, Any], entry: Queued, decision: Create) -> str | None:
         try:
             created = await self.port.create_nodeclaim(decision.body)
         except Exception as exc:
             self._failed(entry.pod.uid)  # tried again after a while, or at the next rejection
             self.port.record(pod, REASON_FAILED,
                              f"creating a NodeClaim in NodePool {decision.nodepool} failed: {exc}", "Warning")
-            return
+            return None
         name = str((created.get("metadata") or {}).get("name") or "")
         self.inflight.add(name, created, list(decision.devices), self._clock())
         self.inflight.assign(name, pod, entry.request)
@@ -365,6 +415,7 @@ class Expander(Intake):
         self.port.record(pod, REASON_COMPLETED,
                          f"created NodeClaim {name} in NodePool {decision.nodepool} ({instance_type}, "
                          f"{source}) for this pod")
+        return name
 
     def _depart(self, departures: Sequence[Departure]) -> None:
         for departure in departures:
