@@ -9,6 +9,8 @@ from extender.controllers.expansion.worker import REASON_WAITING
 from tests.unit.fixtures.expansion import CAPACITY_ONLY, FakePort, later, make
 from tests.unit.fixtures.expansion import port as port  # the fixture
 
+ZONE = "topology.kubernetes.io/zone"
+
 
 def gang_pod(port: FakePort, name: str, gang: str = "train", members: int = 4, **kw: Any) -> dict[str, Any]:
     pod = port.add_pod(name, **kw)
@@ -55,8 +57,9 @@ async def test_a_gang_that_does_not_fit_the_in_flight_budget_buys_nothing(port: 
 async def test_a_members_node_selector_narrows_what_is_bought_for_it(port: FakePort) -> None:
     expander, clock = make(port)
     expander.notice(gang_pod(port, "w0", members=2), CAPACITY_ONLY, ["n1"])
-    expander.notice(gang_pod(port, "w1", members=2, nodeSelector={"zone": "z2"}), CAPACITY_ONLY, ["n1"])
+    odd = gang_pod(port, "w1", members=2, nodeSelector={ZONE: "z2"})
+    expander.notice(odd, CAPACITY_ONLY, ["n1"])
     await later(expander, clock, 10)
     assert len(port.created) == 2
-    zones = [[r["values"] for r in c["spec"]["requirements"] if r["key"] == "zone"] for c in port.created]
+    zones = [[r["values"] for r in c["spec"]["requirements"] if r["key"] == ZONE] for c in port.created]
     assert sorted(zones) == [[], [["z2"]]]
