@@ -148,7 +148,7 @@ class Expander(Intake):
             _, _, entry = heapq.heappop(self._due)
             try:
                 gang = gang_of(self.port.cached_pod(entry.pod.namespace, entry.pod.name))
-                if gang is None or self.placeholders is not None:
+                if gang is None or self._to_autoscaler(entry.request.pool):
                     await self._process(entry)
                 else:
                     await self._process_gang(gang, entry)
@@ -351,6 +351,11 @@ class Expander(Intake):
                 self.port.record(pod, REASON_FAILED, decision.message, "Warning")
         elif isinstance(decision, Create):
             await self._create(pod, entry, decision)
+
+    def _to_autoscaler(self, pool: str) -> bool:
+        """The Cluster Autoscaler grows the pool (placeholder pods, one per pod: it packs them itself)."""
+        return self.placeholders is not None and \
+            self.placeholders.provisioner(self.port.gpupool(pool)) is Provisioner.CLUSTER_AUTOSCALER
 
     async def _process_gang(self, gang: str, first: Queued) -> None:
         """A gang's queued members as one demand (``expansion.gang``): every claim they need in one batch,
