@@ -20,6 +20,7 @@ pytestmark = pytest.mark.e2e
 
 CAP = {"tflops": "100", "vram": "100Gi"}
 GANG = {"tensor-fusion.ai/gang-enabled": "true"}
+TFW = "tensorfusionworkloads"
 
 
 def gpu_nodes(make_node: Any, make_gpu: Any, pool: str, nodes: int, gpus: int) -> list[str]:
@@ -61,6 +62,11 @@ def test_two_gangs_racing_for_room_for_one_place_one_whole_gang(api_client, gpu_
     pool = make_pool("NodeCompactGPULowLoad")
     for node in gpu_nodes(make_node, make_gpu, pool, nodes=2, gpus=2):  # room for 4 members: one gang
         extender.wait_node_allocated(node, 0.0)
+    custom = client.CustomObjectsApi(api_client)
+    for name in ("a", "b"):  # the workloads whose status.gang the extender writes
+        custom.create_namespaced_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, namespace, TFW, {
+            "apiVersion": f"{cpl.TF_GROUP}/{cpl.TF_VERSION}", "kind": "TensorFusionWorkload",
+            "metadata": {"name": name}, "spec": {}})
     gang_job(api_client, namespace, "a", pool, 4)
     gang_job(api_client, namespace, "b", pool, 4)
     deadline = time.monotonic() + 60
@@ -81,6 +87,15 @@ def test_two_gangs_racing_for_room_for_one_place_one_whole_gang(api_client, gpu_
     pods = wl.pods_of(api_client, namespace, f"job={loser}")
     wait_for("the loser's scheduling failure naming its gang", lambda: f"gang {namespace}/{loser}" in (
         cpl.scheduling_failure(api_client, namespace, pods[0].metadata.name) or ""))
+
+
+    def gang_status(name: str) -> dict[str, Any]:
+        tfw = custom.get_namespaced_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, namespace, TFW, name)
+        return dict((tfw.get("status") or {}).get("gang") or {})
+
+    wait_for("status.gang of both workloads", lambda: gang_status(winner).get("phase") == "Running"
+             and gang_status(loser).get("phase") == "Waiting", timeout=30)
+    assert gang_status(loser)["scheduledMembers"] == 0 and gang_status(winner)["scheduledMembers"] == 4
 
     # the winner finishes: the loser gets all the room at once
     client.BatchV1Api(api_client).delete_namespaced_job(winner, namespace, propagation_policy="Background")

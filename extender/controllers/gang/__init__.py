@@ -75,5 +75,27 @@ def build(deps: Deps, settings: GangOptions) -> Built | None:
             metrics.waiting.labels(phase.value).set(count)
         return 1.0
 
+    from extender.controllers.gang.status import StatusWriter
+    from extender.kube.client import not_found
+    from extender.kube.resources import TENSOR_FUSION_WORKLOADS, object_path
+
+    async def patch_status(namespace: str, name: str, status: dict[str, Any]) -> bool:
+        path = object_path(TENSOR_FUSION_WORKLOADS, name, namespace, subresource="status")
+        try:
+            await deps.kube.request("PATCH", path, body={"status": status},
+                                    content_type="application/merge-patch+json", timeout=10.0)
+        except Exception as exc:
+            if not_found(exc):
+                return False
+            raise
+        return True
+
+    writer = StatusWriter(patch_status)
+
+    async def write_status(now: dt.datetime) -> float | None:
+        await writer.write(dict(keeper.gangs), now)
+        return 2.0
+
     controller = Reconciler("gang", reconcile, interval=1.0, caches=(deps.core.pods,))
-    return Built(controllers=(controller,), hooks=(keeper,), part=keeper)
+    status = Reconciler("gang-status", write_status, interval=2.0, leader_only=True, caches=(deps.core.pods,))
+    return Built(controllers=(controller, status), hooks=(keeper,), part=keeper)

@@ -241,3 +241,40 @@ def test_the_admit_gang_seam_can_refuse_the_whole_gang() -> None:
         outcome = k.before_filter(p, NODES)
     assert seen == [4] and held(state) == {}
     assert outcome is not None and "over its GPU quota" in outcome.unresolvable["n1"]
+
+
+async def test_the_workloads_status_gang_is_written_when_it_changes() -> None:
+    import datetime as dt
+
+    from extender.controllers.gang.status import StatusWriter
+
+    state = cluster()
+    k = keeper(state)
+    written: list[tuple[str, str, dict[str, Any]]] = []
+
+    async def patch(namespace: str, name: str, status: dict[str, Any]) -> bool:
+        if name == "missing":
+            return False
+        written.append((namespace, name, status))
+        return True
+
+    writer = StatusWriter(patch)
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    pods = [member(f"w{i}") for i in range(4)]
+    for p in pods[:2]:
+        arrive(k, state, p)
+        k.before_filter(p, NODES)
+    await writer.write(k.gangs, now)
+    await writer.write(k.gangs, now + dt.timedelta(seconds=2))  # nothing changed: nothing written
+    assert len(written) == 1
+    gang = written[0][2]["gang"]
+    assert written[0][:2] == ("ml", "train")
+    assert (gang["phase"], gang["desiredMembers"], gang["waitingMembers"], gang["scheduledMembers"]) == \
+        ("Waiting", 4, 2, 0)
+    assert "waiting for 2 of 4 members" in gang["message"]
+    for p in pods[2:]:
+        arrive(k, state, p)
+        k.before_filter(p, NODES)
+    await writer.write(k.gangs, now + dt.timedelta(seconds=4))
+    assert written[-1][2]["gang"]["phase"] == "Scheduling"
+    assert written[-1][2]["gang"]["lastTransitionTime"] == "2026-01-01T00:00:04Z"
