@@ -23,6 +23,7 @@ from extender.common.contract import COMPONENT_LABEL, COMPONENT_WORKER, GPU_POOL
 from extender.common.labels import EXPANSION_LABEL, EXPANSION_POD_ANNOTATION, NODEPOOL_LABEL
 from extender.common.output import add_output_argument, yaml_document
 from extender.controllers.gpustatus import PoolTotals, node_parts, tflops_text, vram_text
+from extender.gang.quorum import waiting_gangs
 from extender.kube import resources
 from extender.kube.resources import Resource
 from extender.scheduling.state import ClusterState, Kind, PlacementError, pod_key
@@ -156,7 +157,11 @@ def build_report(snapshot: StatusSnapshot) -> dict[str, Any]:
             "pendingPods": sorted(pending.get(name, []), key=lambda p: p["pod"]),
             "nodeClaimsInFlight": sorted(claims.get(name, []), key=lambda c: c["name"]),
         })
-    return {"pools": out}
+    gangs = waiting_gangs(snapshot.pods)
+    reasons = {pod_key(p): pending_reason(p) for p in snapshot.pods}
+    for gang in gangs:
+        gang["reason"] = reasons.get(gang.pop("example"), "")
+    return {"pools": out, "waitingGangs": gangs}
 
 
 def render_table(report: Mapping[str, Any]) -> str:
@@ -180,6 +185,12 @@ def render_table(report: Mapping[str, Any]) -> str:
     if pending:
         lines += ["", "Pending GPU pods:"]
         lines += [f"  {x['pod']} (pool {pool}): {x['reason']}" for pool, x in pending]
+    gangs = report.get("waitingGangs") or []
+    if gangs:
+        lines += ["", "Waiting gangs (placed all together or not at all):"]
+        lines += [f"  {g['gang']}: {g['bound']} bound, {g['here']} here of "
+                  + (f"{g['required']} required" if g["required"] else "its PodGroup's minCount")
+                  + f": {g['reason']}" for g in gangs]
     claims = [(p["name"], c) for p in report["pools"] for c in p["nodeClaimsInFlight"]]
     if claims:
         lines += ["", "NodeClaims in flight:"]
@@ -237,7 +248,8 @@ def in_namespace(report: Mapping[str, Any], namespace: str) -> dict[str, Any]:
                       "pendingPods": [p for p in pool["pendingPods"] if p["pod"].startswith(prefix)],
                       "nodeClaimsInFlight": [c for c in pool["nodeClaimsInFlight"]
                                              if str(c.get("forPod", prefix)).startswith(prefix)]})
-    return {**report, "pools": pools}
+    gangs = [g for g in report.get("waitingGangs") or [] if str(g["gang"]).startswith(prefix)]
+    return {**report, "pools": pools, "waitingGangs": gangs}
 
 
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:

@@ -61,3 +61,28 @@ def quorum(key: str, required: int, pods: Iterable[Mapping[str, Any]]) -> Quorum
     live = sorted((p for p in pods if is_live(p)), key=pod_key)
     return Quorum(key, required, tuple(pod_key(p) for p in live if is_bound(p)),
                   tuple(p for p in live if not is_bound(p)))
+
+
+def waiting_gangs(pods: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The gangs whose quorum is not bound, from their members' pods alone (``tf-extender status``): key,
+    members required (0: a PodGroup's, not known from the pods), here, bound, and one waiting member."""
+    from extender.common.gang import membership
+
+    gangs: dict[str, tuple[int, list[Mapping[str, Any]]]] = {}
+    for pod in pods:
+        member = membership(pod)
+        if member is not None and is_live(pod):
+            required, members = gangs.setdefault(member.group_key, (member.required, []))
+            members.append(pod)
+    out = []
+    for key in sorted(gangs):
+        required, members = gangs[key]
+        bound = sum(1 for p in members if is_bound(p))
+        if required and bound >= required:
+            continue
+        waiting = sorted((p for p in members if not is_bound(p)), key=pod_key)
+        if not waiting:
+            continue
+        out.append({"gang": key, "required": required, "here": len(members), "bound": bound,
+                    "example": pod_key(waiting[0])})
+    return out
