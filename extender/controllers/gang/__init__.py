@@ -92,10 +92,17 @@ def build(deps: Deps, settings: GangOptions) -> Built | None:
 
     writer = StatusWriter(patch_status)
 
-    async def write_status(now: dt.datetime) -> float | None:
+    async def lead(now: dt.datetime) -> float | None:
+        """The leader's part: release gangs left half bound, write status.gang."""
+        for gang, bound in keeper.half_bound():
+            for pod in bound:
+                meta = pod.get("metadata") or {}
+                deps.recorder.record(pod, "GangReleased", gang.reason, "Warning")
+                await deps.pod_api.delete(str(meta.get("namespace")), str(meta.get("name")),
+                                          str(meta.get("uid")))
         await writer.write(dict(keeper.gangs), now)
         return 2.0
 
     controller = Reconciler("gang", reconcile, interval=1.0, caches=(deps.core.pods,))
-    status = Reconciler("gang-status", write_status, interval=2.0, leader_only=True, caches=(deps.core.pods,))
+    status = Reconciler("gang-status", lead, interval=2.0, leader_only=True, caches=(deps.core.pods,))
     return Built(controllers=(controller, status), hooks=(keeper,), part=keeper)

@@ -79,6 +79,8 @@ class GangKeeper(FilterHook):
         self._on_placed = on_placed or (lambda seconds: None)
         self.gangs: dict[str, Gang] = {}
         self._gang_of: dict[str, str] = {}  # uid -> gang key
+        # gang -> since when part of its quorum is bound and nothing is held for the rest
+        self._half_since: dict[str, float] = {}
 
     # --- the pods watch ---------------------------------------------------------------------------
 
@@ -231,6 +233,28 @@ class GangKeeper(FilterHook):
                 self._release(gang, f"its members did not all bind within {self.reserve_seconds:g}s")
             elif gang.key in holds and any(not self._node_known(a.node) for a in holds[gang.key]):
                 self._release(gang, "a node it was placed on is gone")
+
+    def half_bound(self) -> list[tuple[Gang, list[dict[str, Any]]]]:
+        """Gangs left with part of their quorum bound and nothing held for the rest (an extender restart, a
+        member's bind that failed for good) for ``reserve_seconds``: their bound members, to release (the
+        leader deletes them; their controllers recreate them, and the gang is placed whole again)."""
+        now = self.clock()
+        holds = self.state.gang_holds()
+        out = []
+        for gang in self.gangs.values():
+            members = [p for p in gang.members.values() if is_live(p)]
+            bound = [p for p in members if is_bound(p)]
+            binding = any(self.state.gang_binding(pod_uid(p)) is not None for p in members)
+            if not (gang.required and 0 < len(bound) < gang.required) or gang.key in holds or binding:
+                self._half_since.pop(gang.key, None)
+                continue
+            since = self._half_since.setdefault(gang.key, now)
+            if now - since >= self.reserve_seconds:
+                del self._half_since[gang.key]
+                gang.reason = (f"gang {gang.key}: released: {len(bound)} of {gang.required} members were "
+                               f"bound and the rest could not be placed for {self.reserve_seconds:g}s")
+                out.append((gang, bound))
+        return out
 
     def _node_known(self, node: str) -> bool:
         return bool(self.state.node_gpus(node))

@@ -278,3 +278,41 @@ async def test_the_workloads_status_gang_is_written_when_it_changes() -> None:
     await writer.write(k.gangs, now + dt.timedelta(seconds=4))
     assert written[-1][2]["gang"]["phase"] == "Scheduling"
     assert written[-1][2]["gang"]["lastTransitionTime"] == "2026-01-01T00:00:04Z"
+
+
+def test_a_gang_left_half_bound_that_cannot_finish_is_released_whole() -> None:
+    state = make(*(gpu(f"n1-g{i}", "n1", index=i) for i in range(2)))  # room for the bound half only
+    clock = Clock()
+    k = keeper(state, clock, reserve_seconds=60)
+    first = [member(f"w{i}", node="n1", gpu_ids=f"n1-g{i}", phase="Running") for i in range(2)]
+    rest = [member(f"w{i}") for i in range(2, 4)]
+    for p in first + rest:
+        arrive(k, state, p)
+    outcome = k.before_filter(rest[0], ["n1"])
+    assert outcome is not None and outcome.fits == []
+    assert k.half_bound() == []  # not yet: the rest may still find room
+    clock.now += 61
+    released = k.half_bound()
+    assert [(g.key, sorted(p["metadata"]["name"] for p in pods)) for g, pods in released] == \
+        [("ml/train", ["w0", "w1"])]
+    assert "released: 2 of 4 members were bound" in released[0][0].reason
+
+
+def test_a_gang_binding_member_by_member_is_not_half_bound() -> None:
+    state = cluster()
+    clock = Clock()
+    k = keeper(state, clock, reserve_seconds=60)
+    pods = [member(f"w{i}") for i in range(4)]
+    for p in pods:
+        arrive(k, state, p)
+        k.before_filter(p, NODES)
+    node = state.gang_holds()["ml/train"][0].node
+    first = next(p for p in pods if state.held_node(p) == node)
+    reservation = state.reserve(first, node)
+    bound_pod = {**first, "spec": {**first["spec"], "nodeName": node}, "status": {"phase": "Running"}}
+    bound_pod["metadata"] = {**first["metadata"], "annotations": {
+        **first["metadata"]["annotations"], "tensor-fusion.ai/gpu-ids": ",".join(reservation.gpu_ids)}}
+    state.apply(Kind.POD, "MODIFIED", bound_pod)
+    k.observe("MODIFIED", bound_pod)
+    clock.now += 61
+    assert k.half_bound() == []  # the others still hold their GPUs
