@@ -142,3 +142,27 @@ def test_a_restarted_extender_finishes_a_half_bound_gang(api_client, gpu_cluster
     gang_job(api_client, namespace, "half", pool, 2, enabled_replicas="4")
     wait_for("the rest of the gang bound", lambda: bound(api_client, namespace, "half") == (2, 2), timeout=60)
     assert {p.spec.node_name for p in wl.pods_of(api_client, namespace, "job=half")} == {n1}
+
+
+def test_a_restarted_extender_releases_a_half_bound_gang_that_cannot_finish(
+        api_client, gpu_cluster, namespace, make_node, make_gpu, make_pool, extender):
+    extender.ensure(gang_reserve_timeout="3s")
+    pool = make_pool()
+    (n0,) = gpu_nodes(make_node, make_gpu, pool, nodes=1, gpus=2)  # room for the bound half only
+    writer = cpl.as_extender(api_client)
+    for i in range(2):
+        body = cpl.placed_pod_body(f"half-{i}", pool, [f"{n0}-gpu-{i}"], "10", "100Gi")
+        body["metadata"]["annotations"].update({
+            "tensor-fusion.ai/gang-group-key": f"{namespace}/half",
+            "tensor-fusion.ai/gang-desired-members": "4", "tensor-fusion.ai/gang-required-members": "4"})
+        cpl.create_pod(writer, namespace, body)
+        cpl.bind_pod(writer, namespace, f"half-{i}", n0)
+    extender.kill()
+    extender.restart()
+    extender.wait_node_allocated(n0, 100.0)
+    gang_job(api_client, namespace, "half", pool, 2, enabled_replicas="4")
+    for i in range(2):  # never left half: the bound half goes
+        cpl.wait_for_pod_gone(api_client, namespace, f"half-{i}", timeout=60)
+    assert bound(api_client, namespace, "half") == (0, 2)
+    events = cpl.object_events(api_client, "Pod", "half-0", "GangReleased", namespace)
+    assert events and "released: 2 of 4 members were bound" in events[0].message
