@@ -36,7 +36,7 @@ def test_every_time_option_takes_a_go_duration() -> None:
     assert {a.option_strings[0] for a in timed} == {
         "--bind-deadline", "--gpu-status-interval", "--defrag-replacement-timeout", "--expansion-delay",
         "--expansion-claim-timeout", "--capacity-interval", "--node-protection-time", "--autoscale-interval",
-        "--node-join-timeout", "--orphan-grace", "--capacity-error-backoff",
+        "--node-join-timeout", "--orphan-grace", "--capacity-error-backoff", "--gang-reserve-timeout",
         "--tensorfusion-cluster-interval", "--autoscale-prometheus-step",
         "--gpu-node-interval"}
     args = cli.build_parser().parse_args([
@@ -76,7 +76,7 @@ def test_format_duration_reads_back(seconds: float) -> None:
 def test_every_serve_option_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     parser = cli.build_parser()
     names = {options.env_name(cli.ENV_PREFIX, a.option_strings[0]) for a in _serve_actions(parser)}
-    assert len(names) == len(_serve_actions(parser)) == 54
+    assert len(names) == len(_serve_actions(parser)) == 56
     assert "TF_EXTENDER_BIND_DEADLINE" in names and "TF_EXTENDER_NO_PREEMPTOR" not in names
     monkeypatch.setenv("TF_EXTENDER_BIND_DEADLINE", "20s")
     monkeypatch.setenv("TF_EXTENDER_PREEMPTOR", "false")
