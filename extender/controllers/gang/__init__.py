@@ -5,6 +5,7 @@ place one. The decisions are pure, in ``extender.gang``; the contract is ``exten
 from __future__ import annotations
 
 import argparse
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
     from extender.controllers.wiring import Built, Deps
 
 NAME = "gang"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ def build(deps: Deps, settings: GangOptions) -> Built | None:
         return 1.0
 
     from extender.controllers.gang.status import StatusWriter
-    from extender.kube.client import not_found
+    from extender.kube.client import error_message, not_found
     from extender.kube.resources import TENSOR_FUSION_WORKLOADS, object_path
 
     async def patch_status(namespace: str, name: str, status: dict[str, Any]) -> bool:
@@ -98,8 +100,14 @@ def build(deps: Deps, settings: GangOptions) -> Built | None:
             for pod in bound:
                 meta = pod.get("metadata") or {}
                 deps.recorder.record(pod, "GangReleased", gang.reason, "Warning")
-                await deps.pod_api.delete(str(meta.get("namespace")), str(meta.get("name")),
-                                          str(meta.get("uid")))
+                try:  # through the Eviction API: a PodDisruptionBudget may say not now (tried next round)
+                    await deps.pod_api.evict(str(meta.get("namespace")), str(meta.get("name")),
+                                             str(meta.get("uid")))
+                except Exception as exc:
+                    if not not_found(exc):
+                        log.warning("gang member not released", extra={
+                            "gang": gang.key, "pod": f"{meta.get('namespace')}/{meta.get('name')}",
+                            "error": error_message(exc)})
         await writer.write(dict(keeper.gangs), now)
         return 2.0
 
