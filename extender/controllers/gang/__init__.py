@@ -81,18 +81,19 @@ def build(deps: Deps, settings: GangOptions) -> Built | None:
     from extender.kube.client import error_message, not_found
     from extender.kube.resources import TENSOR_FUSION_WORKLOADS, object_path
 
-    async def patch_status(namespace: str, name: str, status: dict[str, Any]) -> bool:
+    async def patch_status(namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
         path = object_path(TENSOR_FUSION_WORKLOADS, name, namespace, subresource="status")
         try:
-            await deps.kube.request("PATCH", path, body={"status": status},
-                                    content_type="application/merge-patch+json", timeout=10.0)
+            patched: dict[str, Any] = await deps.kube.request(
+                "PATCH", path, body={"status": status}, content_type="application/merge-patch+json",
+                timeout=10.0)
         except Exception as exc:
             if not_found(exc):
-                return False
+                return None
             raise
-        return True
+        return patched
 
-    writer = StatusWriter(patch_status)
+    writer = StatusWriter(patch_status, record)
 
     async def lead(now: dt.datetime) -> float | None:
         """The leader's part: release gangs left half bound, write status.gang."""

@@ -14,7 +14,9 @@ from extender.gang.quorum import is_bound, is_live
 
 log = logging.getLogger(__name__)
 
-PatchStatus = Callable[[str, str, dict[str, Any]], Awaitable[bool]]  # (namespace, name, status) -> existed
+# (namespace, name, status) -> the workload as patched, None when it does not exist
+PatchStatus = Callable[[str, str, dict[str, Any]], Awaitable[Mapping[str, Any] | None]]
+EventSink = Callable[[dict[str, Any], str, str, str], None]  # (object, reason, message, type)
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:
@@ -40,8 +42,9 @@ def gang_status(gang: Gang, since: dt.datetime) -> dict[str, Any]:
 class StatusWriter:
     """Remembers what it wrote last per gang, and when each gang's phase changed."""
 
-    def __init__(self, patch: PatchStatus) -> None:
+    def __init__(self, patch: PatchStatus, events: EventSink | None = None) -> None:
         self._patch = patch
+        self._events = events or (lambda obj, reason, message, type_: None)
         self._written: dict[str, dict[str, Any]] = {}
         self._since: dict[str, tuple[Phase, dt.datetime]] = {}
         self._absent: set[str] = set()  # gangs without a TensorFusionWorkload, not asked again
@@ -60,10 +63,17 @@ class StatusWriter:
                 since = now
                 self._since[key] = (gang.phase, now)
             status = gang_status(gang, since)
-            if self._written.get(key) == status:
+            before = self._written.get(key)
+            if before == status:
                 continue
-            if not await self._patch(namespace, name, {"gang": status}):
+            workload = await self._patch(namespace, name, {"gang": status})
+            if workload is None:
                 self._absent.add(key)
                 continue
             self._written[key] = status
+            if before is None or before.get("phase") != status["phase"]:
+                warning = gang.phase in (Phase.TIMED_OUT, Phase.FAILED)
+                self._events(dict(workload), f"Gang{gang.phase.value}",
+                             gang.reason or f"gang {key}: {status['scheduledMembers']} members bound",
+                             "Warning" if warning else "Normal")
             log.info("workload gang status", extra={"gang": key, "phase": gang.phase.value})

@@ -252,13 +252,12 @@ async def test_the_workloads_status_gang_is_written_when_it_changes() -> None:
     k = keeper(state)
     written: list[tuple[str, str, dict[str, Any]]] = []
 
-    async def patch(namespace: str, name: str, status: dict[str, Any]) -> bool:
-        if name == "missing":
-            return False
+    async def patch(namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
         written.append((namespace, name, status))
-        return True
+        return {"kind": "TensorFusionWorkload", "metadata": {"name": name, "namespace": namespace}}
 
-    writer = StatusWriter(patch)
+    events: list[tuple[str, str]] = []
+    writer = StatusWriter(patch, lambda obj, reason, message, type_: events.append((reason, type_)))
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     pods = [member(f"w{i}") for i in range(4)]
     for p in pods[:2]:
@@ -278,6 +277,7 @@ async def test_the_workloads_status_gang_is_written_when_it_changes() -> None:
     await writer.write(k.gangs, now + dt.timedelta(seconds=4))
     assert written[-1][2]["gang"]["phase"] == "Scheduling"
     assert written[-1][2]["gang"]["lastTransitionTime"] == "2026-01-01T00:00:04Z"
+    assert events == [("GangWaiting", "Normal"), ("GangScheduling", "Normal")]  # on the workload
 
 
 def test_a_gang_left_half_bound_that_cannot_finish_is_released_whole() -> None:
