@@ -55,6 +55,11 @@ def _size(state: ClusterState, pod: Mapping[str, Any]) -> tuple[int, int, int]:
     return (request.gpu_count, request.vram_request or 0, tflops)
 
 
+def largest_first(state: ClusterState, members: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """More GPUs first, then more VRAM, then more TFLOPS; ties by name."""
+    return sorted(members, key=lambda p: (tuple(-x for x in _size(state, p)), pod_key(p)))
+
+
 def place_gang(state: ClusterState, members: Sequence[dict[str, Any]],
                candidates: Mapping[str, Sequence[str]], *, needed: int | None = None) -> GangPlan:
     """Choose every member's node and GPUs together on a copy of ``state``. ``candidates``: pod uid -> the
@@ -63,7 +68,7 @@ def place_gang(state: ClusterState, members: Sequence[dict[str, Any]],
     """
     needed = len(members) if needed is None else needed
     union = sorted({n for nodes in candidates.values() for n in nodes})
-    order = sorted(members, key=lambda p: (tuple(-x for x in _size(state, p)), pod_key(p)))
+    order = largest_first(state, members)
     placed: list[Placed] = []
     missed: list[tuple[dict[str, Any], str, bool]] = []
     with state.what_if() as sim:

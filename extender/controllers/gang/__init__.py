@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 class GangOptions:
     enabled: bool = True
     reserve_seconds: float = 60.0
+    preempt: bool = True
 
 
 DEFAULT = GangOptions()
@@ -41,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def from_args(args: argparse.Namespace) -> GangOptions:
-    return GangOptions(enabled=bool(args.gang_scheduling), reserve_seconds=float(args.gang_reserve_timeout))
+    return GangOptions(enabled=bool(args.gang_scheduling), reserve_seconds=float(args.gang_reserve_timeout),
+                       preempt=bool(args.preemptor))
 
 
 def build(deps: Deps, settings: GangOptions) -> Built | None:
@@ -63,9 +65,27 @@ def build(deps: Deps, settings: GangOptions) -> Built | None:
     def record(obj: dict[str, Any], reason: str, message: str, type_: str) -> None:
         deps.recorder.record(obj, reason, message, type_)
 
+    from extender.controllers.runner import KeyedQueue, KeyedReconciler
+    from extender.kube.client import error_message, not_found
+
+    evictions: KeyedQueue[list[Any]] = KeyedQueue()
     keeper = GangKeeper(deps.state, reserve_seconds=settings.reserve_seconds, events=record,
                         pod_groups=lambda namespace, name: pod_groups.get(name, namespace),
-                        on_placed=metrics.time_to_place.observe)
+                        on_placed=metrics.time_to_place.observe,
+                        evict=evictions.add if settings.preempt else None)
+
+    async def evict(gang: str, victims: list[Any]) -> float | None:
+        """Evict a gang's victims through the Eviction API (PodDisruptionBudgets hold: a refusal is
+        retried at the gang's next filter, after its victims' uids stop holding)."""
+        for victim in victims:
+            try:
+                await deps.pod_api.evict(victim.namespace, victim.name, victim.uid)
+            except Exception as exc:
+                if not not_found(exc):
+                    log.warning("gang preemption: eviction refused", extra={
+                        "gang": gang, "pod": f"{victim.namespace}/{victim.name}",
+                        "error": error_message(exc)})
+        return None
     deps.core.pods.subscribe(keeper.observe)
 
     async def reconcile(now: dt.datetime) -> float | None:
@@ -78,7 +98,6 @@ def build(deps: Deps, settings: GangOptions) -> Built | None:
         return 1.0
 
     from extender.controllers.gang.status import StatusWriter
-    from extender.kube.client import error_message, not_found
     from extender.kube.resources import TENSOR_FUSION_WORKLOADS, object_path
 
     async def patch_status(namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
@@ -113,5 +132,7 @@ def build(deps: Deps, settings: GangOptions) -> Built | None:
         return 2.0
 
     controller = Reconciler("gang", reconcile, interval=1.0, caches=(deps.core.pods,))
+    preemptor = KeyedReconciler("gang-preemptor", evict, queue=evictions, caches=(deps.core.pods,),
+                                retry_errors=False)
     status = Reconciler("gang-status", lead, interval=2.0, leader_only=True, caches=(deps.core.pods,))
-    return Built(controllers=(controller, status), hooks=(keeper,), part=keeper)
+    return Built(controllers=(controller, status, preemptor), hooks=(keeper,), part=keeper)

@@ -12,7 +12,8 @@
 - A member that fits nowhere is answered with an error (``hold_back``) so kube-scheduler retries it with
   backoff instead of parking it: the quorum forming, or a peer's hold, is no event it would wake for.
 
-Preemption never runs for one member alone: gang members' "no node" answers are unresolvable.
+Preemption never runs for one member alone (gang members' "no node" answers are unresolvable): for a gang
+that does not fit, lower-priority pods are evicted only when the whole gang then fits (``_preempt``).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from typing import Any
 from extender.common.gang import Membership, membership, pod_group_min_count
 from extender.common.pods import pod_key, pod_uid
 from extender.gang.placement import AdmitGang, admit_none, place_gang
+from extender.gang.preemption import preempt_for_gang
 from extender.gang.quorum import Quorum, is_bound, is_live, quorum
-from extender.scheduling.state import ClusterState, FilterOutcome
+from extender.scheduling.state import ClusterState, FilterOutcome, Victim
 from extender.server.hooks import FilterHook
 
 log = logging.getLogger(__name__)
@@ -63,13 +65,15 @@ class Gang:
     members: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> latest pod
     candidates: dict[str, tuple[str, ...]] = field(default_factory=dict)  # uid -> nodes the scheduler sent
     time_to_place: float | None = None
+    preempting: tuple[str, ...] = ()  # uids of the pods being evicted so that the whole gang fits
 
 
 class GangKeeper(FilterHook):
     def __init__(self, state: ClusterState, *, clock: Callable[[], float] = time.monotonic,
                  reserve_seconds: float = RESERVE_SECONDS, admit_gang: AdmitGang = admit_none,
                  events: EventSink | None = None, pod_groups: PodGroupLookup | None = None,
-                 on_placed: Callable[[float], None] | None = None) -> None:
+                 on_placed: Callable[[float], None] | None = None,
+                 evict: Callable[[str, list[Victim]], None] | None = None) -> None:
         self.state = state
         self.clock = clock
         self.reserve_seconds = reserve_seconds
@@ -77,6 +81,7 @@ class GangKeeper(FilterHook):
         self._events = events or (lambda obj, reason, message, type_: None)
         self._pod_groups = pod_groups or (lambda namespace, name: None)
         self._on_placed = on_placed or (lambda seconds: None)
+        self._evict = evict  # None: no preemption for gangs
         self.gangs: dict[str, Gang] = {}
         self._gang_of: dict[str, str] = {}  # uid -> gang key
         # gang -> since when part of its quorum is bound and nothing is held for the rest
@@ -172,6 +177,7 @@ class GangKeeper(FilterHook):
         plan = place_gang(self.state, waiting, gang.candidates, needed=q.still_needed)
         if not plan.fits:
             gang.phase, gang.reason = Phase.WAITING, f"gang {gang.key}: {plan.reason}"
+            self._preempt(gang, waiting, q.still_needed)
             return FilterOutcome([], {}, {n: gang.reason for n in node_names}, None, plan.capacity_only)
         if reason := self.admit_gang([p.pod for p in plan.placed]):
             gang.phase, gang.reason = Phase.WAITING, f"gang {gang.key}: {reason}"
@@ -194,6 +200,25 @@ class GangKeeper(FilterHook):
         message = f"gang {gang.key} holds this pod's GPUs on node {mine}"
         return FilterOutcome([n for n in node_names if n == mine], {},
                              {n: message for n in node_names if n != mine}, None, False)
+
+    def _preempt(self, gang: Gang, waiting: list[dict[str, Any]], needed: int) -> None:
+        """Evict lower-priority pods when, and only when, the whole gang then fits
+        (``extender.gang.preemption``); once per victim set, while its pods still hold GPUs."""
+        if self._evict is None:
+            return
+        still = [uid for uid in gang.preempting if self.state.holds(uid)]
+        if still:
+            gang.reason = f"gang {gang.key}: waiting for {len(still)} preempted GPU pods to terminate"
+            return
+        victims = preempt_for_gang(self.state, waiting, needed)
+        gang.preempting = tuple(v.uid for v in victims or ())
+        if victims:
+            names = ", ".join(f"{v.namespace}/{v.name}" for v in victims)
+            gang.reason = (f"gang {gang.key}: evicting lower-priority GPU pods {names} so that the whole "
+                           "gang fits")
+            for pod in waiting:
+                self._events(pod, "PreemptingGPUPods", gang.reason, "Normal")
+            self._evict(gang.key, victims)
 
     def hold_back(self, pod: dict[str, Any]) -> str | None:
         member = membership(pod)

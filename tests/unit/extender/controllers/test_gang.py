@@ -8,7 +8,7 @@ import pytest
 
 from extender.controllers.gang.controller import GangKeeper, Phase
 from extender.scheduling.state import ClusterState, Kind
-from tests.unit.fixtures.scheduling import gpu, make, pod
+from tests.unit.fixtures.scheduling import bound, gpu, make, pod
 
 NODES = ["n1", "n2"]
 
@@ -316,3 +316,34 @@ def test_a_gang_binding_member_by_member_is_not_half_bound() -> None:
     k.observe("MODIFIED", bound_pod)
     clock.now += 61
     assert k.half_bound() == []  # the others still hold their GPUs
+
+
+def test_preemption_for_a_gang_evicts_only_when_the_whole_gang_then_fits() -> None:
+    # four GPUs: two hold low-priority pods, two are free; a gang of three high-priority members
+    low = [bound(f"low{i}", "n1", f"n1-g{i}", "10", "40Gi", priority=0) for i in range(2)]
+    state = make(*(gpu(f"{n}-g{i}", n, index=i) for n in NODES for i in range(2)), *low)
+    evicted: list[tuple[str, list[str]]] = []
+    k = keeper(state, evict=lambda gang, victims: evicted.append((gang, [v.name for v in victims])))
+    pods = [member(f"w{i}", required=3, desired=3, priority=100) for i in range(3)]
+    for p in pods:
+        arrive(k, state, p)
+        outcome = k.before_filter(p, NODES)
+    assert outcome is not None and outcome.fits == []
+    assert evicted == [("ml/train", ["low0"])]  # one victim is enough for the third member
+    reason = k.gangs["ml/train"].reason
+    assert "evicting lower-priority GPU pods ml/low0 so that the whole gang fits" in reason
+    k.before_filter(pods[0], NODES)  # the victim still holds its GPU: nothing evicted twice
+    assert len(evicted) == 1
+
+
+def test_no_pod_is_evicted_when_the_gang_would_still_not_fit() -> None:
+    high = [bound(f"high{i}", "n1", f"n1-g{i}", "10", "40Gi", priority=1000) for i in range(2)]
+    low = [bound("low", "n2", "n2-g0", "10", "40Gi", priority=0)]
+    state = make(*(gpu(f"{n}-g{i}", n, index=i) for n in NODES for i in range(2)), *high, *low)
+    evicted: list[Any] = []
+    k = keeper(state, evict=lambda gang, victims: evicted.append(victims))
+    pods = [member(f"w{i}", required=3, desired=3, priority=100) for i in range(3)]
+    for p in pods:
+        arrive(k, state, p)
+        k.before_filter(p, NODES)
+    assert evicted == []  # evicting low frees one GPU: two members still would not fit
