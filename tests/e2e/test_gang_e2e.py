@@ -166,3 +166,24 @@ def test_a_restarted_extender_releases_a_half_bound_gang_that_cannot_finish(
     assert bound(api_client, namespace, "half") == (0, 2)
     events = cpl.object_events(api_client, "Pod", "half-0", "GangReleased", namespace)
     assert events and "released: 2 of 4 members were bound" in events[0].message
+
+
+def test_a_higher_priority_gang_preempts_only_what_makes_the_whole_gang_fit(
+        api_client, gpu_cluster, namespace, make_node, make_gpu, make_pool, extender):
+    pool = make_pool()
+    for node in gpu_nodes(make_node, make_gpu, pool, nodes=2, gpus=2):
+        extender.wait_node_allocated(node, 0.0)
+    for i in range(2):  # two GPUs held by low-priority pods
+        cpl.create_pod(api_client, namespace, cpl.gpu_pod_body(f"low-{i}", pool=pool, tflops="10",
+                                                               vram="100Gi"))
+        cpl.wait_for_pod_bound(api_client, namespace, f"low-{i}", timeout=60)
+    gang_job(api_client, namespace, "urgent", pool, 3, qos="critical")  # three members, two free GPUs
+    wait_for("the gang bound whole", lambda: bound(api_client, namespace, "urgent") == (3, 3), timeout=90)
+    core = client.CoreV1Api(api_client)
+    left = [p.metadata.name for p in core.list_namespaced_pod(namespace).items
+            if p.metadata.name.startswith("low-") and p.metadata.deletion_timestamp is None]
+    assert len(left) == 1, left  # one victim was enough: the other low-priority pod still runs
+    victim = ({"low-0", "low-1"} - set(left)).pop()
+    messages = [e.message for p in wl.pods_of(api_client, namespace, "job=urgent")
+                for e in cpl.pod_events(api_client, namespace, p.metadata.name, "PreemptingGPUPods")]
+    assert messages and all(f"{namespace}/{victim} so that the whole gang fits" in m for m in messages)
