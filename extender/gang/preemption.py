@@ -9,6 +9,7 @@ needed all found a place; otherwise None, and nothing is evicted.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from extender.gang.placement import largest_first
@@ -20,8 +21,11 @@ def may_preempt(pod: dict[str, Any]) -> bool:
 
 
 def preempt_for_gang(state: ClusterState, members: Sequence[dict[str, Any]], needed: int,
-                     pdb: PdbCheck | None = None) -> list[Victim] | None:
-    """The pods to evict so that ``needed`` of ``members`` fit together, or None (evict nothing)."""
+                     pdb: PdbCheck | None = None,
+                     protected: AbstractSet[str] = frozenset()) -> list[Victim] | None:
+    """The pods to evict so that ``needed`` of ``members`` fit together, or None (evict nothing).
+    ``protected``: uids never evicted (members of gangs, this one's included: evicting one member of a
+    running gang breaks it); a member whose only victim sets include one cannot be placed this way."""
     victims: dict[str, Victim] = {}
     placed = 0
     with state.what_if() as sim:
@@ -35,6 +39,8 @@ def preempt_for_gang(state: ClusterState, members: Sequence[dict[str, Any]], nee
             if choice is None or not choice[1]:
                 continue
             node, chosen = choice
+            if any(victim.uid in protected for victim in chosen):
+                continue
             for victim in chosen:
                 sim.apply(Kind.POD, "DELETED", {"metadata": {"uid": victim.uid, "namespace": victim.namespace,
                                                              "name": victim.name}})

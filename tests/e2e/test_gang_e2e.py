@@ -164,8 +164,9 @@ def test_a_restarted_extender_releases_a_half_bound_gang_that_cannot_finish(
     for i in range(2):  # never left half: the bound half goes
         cpl.wait_for_pod_gone(api_client, namespace, f"half-{i}", timeout=60)
     assert bound(api_client, namespace, "half") == (0, 2)
-    events = cpl.object_events(api_client, "Pod", "half-0", "GangReleased", namespace)
-    assert events and "released: 2 of 4 members were bound" in events[0].message
+    events = wait_for("GangReleased", lambda: cpl.object_events(  # events are posted in the background
+        api_client, "Pod", "half-0", "GangReleased", namespace), timeout=30)
+    assert "released: 2 of 4 members were bound" in events[0].message
 
 
 def test_a_higher_priority_gang_preempts_only_what_makes_the_whole_gang_fit(

@@ -210,7 +210,7 @@ class GangKeeper(FilterHook):
         if still:
             gang.reason = f"gang {gang.key}: waiting for {len(still)} preempted GPU pods to terminate"
             return
-        victims = preempt_for_gang(self.state, waiting, needed)
+        victims = preempt_for_gang(self.state, waiting, needed, protected=self._gang_of.keys())
         gang.preempting = tuple(v.uid for v in victims or ())
         if victims:
             names = ", ".join(f"{v.namespace}/{v.name}" for v in victims)

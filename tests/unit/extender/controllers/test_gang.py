@@ -347,3 +347,16 @@ def test_no_pod_is_evicted_when_the_gang_would_still_not_fit() -> None:
         arrive(k, state, p)
         k.before_filter(p, NODES)
     assert evicted == []  # evicting low frees one GPU: two members still would not fit
+
+
+def test_members_of_gangs_are_never_preempted_for_a_gang() -> None:
+    # the bound half of a gang (lower priority) must not be evicted to make room for the rest of it
+    state = make(*(gpu(f"n1-g{i}", "n1", index=i) for i in range(2)))
+    evicted: list[Any] = []
+    k = keeper(state, evict=lambda gang, victims: evicted.append(victims))
+    first = [member(f"w{i}", node="n1", gpu_ids=f"n1-g{i}", phase="Running", priority=0) for i in range(2)]
+    rest = [member(f"w{i}", priority=100) for i in range(2, 4)]
+    for p in first + rest:
+        arrive(k, state, p)
+    k.before_filter(rest[0], ["n1"])
+    assert evicted == []
