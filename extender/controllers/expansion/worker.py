@@ -97,6 +97,7 @@ class Expander(Intake):
         super().__init__(config, port, request_of=request_of, metrics=metrics, clock=clock, new_id=new_id,
                          refilter=refilter)
         self._adopted = False
+        self._gang_claims: dict[str, str] = {}  # NodeClaim bought for a gang -> the gang
         # the caches both wait for; the placeholders' cache joins the deciding one's (``use_placeholders``)
         self.settling = Reconciler("expander-claims", self.reconcile_claims, interval=TICK_SECONDS,
                                    caches=caches, wake=self.claims_wake, settle=0.0)
@@ -144,6 +145,7 @@ class Expander(Intake):
         self._settle(at)
         self._check_nodepools(at)
         self.reconsider(at)
+        await self._release_gang_claims()
         while self._due and self._due[0][0] <= at:
             _, _, entry = heapq.heappop(self._due)
             try:
@@ -352,6 +354,34 @@ class Expander(Intake):
         elif isinstance(decision, Create):
             await self._create(pod, entry, decision)
 
+    async def _release_gang_claims(self) -> None:
+        """The NodeClaims bought for a gang whose pods are all gone (the gang was deleted) before their nodes
+        came are deleted: nobody is left to use them."""
+        by_gang: dict[str, list[str]] = {}
+        for name, gang in list(self._gang_claims.items()):
+            if name in self.inflight:
+                by_gang.setdefault(gang, []).append(name)
+            else:
+                del self._gang_claims[name]
+        for gang, names in by_gang.items():
+            claims = [c for name in names if (c := self.inflight.get(name)) is not None]
+            if any(self._pod_there(ref) for claim in claims for ref in claim.pods.values()):
+                continue
+            for name in names:
+                try:
+                    await self.port.delete_nodeclaim(name)
+                except Exception as exc:
+                    log.warning("cannot delete a gang's NodeClaim", extra={"claim": name, "error": repr(exc)})
+                    continue
+                del self._gang_claims[name]
+                self.inflight.remove(name, LeaveReason.GONE)
+                log.info("NodeClaim released: its gang is gone", extra={"claim": name, "gang": gang})
+
+    def _pod_there(self, ref: PodRef) -> bool:
+        pod = self.port.cached_pod(ref.namespace, ref.name)
+        meta = (pod or {}).get("metadata") or {}
+        return pod is not None and str(meta.get("uid") or "") == ref.uid and not meta.get("deletionTimestamp")
+
     def _to_autoscaler(self, pool: str) -> bool:
         """The Cluster Autoscaler grows the pool (placeholder pods, one per pod: it packs them itself)."""
         return self.placeholders is not None and \
@@ -389,7 +419,9 @@ class Expander(Intake):
             return
         created: dict[str, str | None] = {}
         for entry, pod, decision, planned in batch.creates:
-            created[planned] = await self._create(pod, entry, decision)
+            created[planned] = name = await self._create(pod, entry, decision)
+            if name:
+                self._gang_claims[name] = gang
         for entry, pod, claim in batch.waits:
             name = created.get(claim, claim)
             if name is None:  # the claim planned for it could not be created: tried again later

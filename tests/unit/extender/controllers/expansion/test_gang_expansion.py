@@ -63,3 +63,27 @@ async def test_a_members_node_selector_narrows_what_is_bought_for_it(port: FakeP
     assert len(port.created) == 2
     zones = [[r["values"] for r in c["spec"]["requirements"] if r["key"] == ZONE] for c in port.created]
     assert sorted(zones) == [[], [["z2"]]]
+
+
+async def test_the_nodes_bought_for_a_deleted_gang_are_released(port: FakePort) -> None:
+    expander, clock = make(port)
+    for i in range(2):
+        expander.notice(gang_pod(port, f"w{i}", members=2), CAPACITY_ONLY, ["n1"])
+    await later(expander, clock, 10)
+    assert len(port.created) == 2
+    del port.pods["ns/w0"]  # one member gone (its controller makes another): the gang still needs both
+    await later(expander, clock, 1)
+    assert port.deleted == []
+    names = [c["metadata"]["name"] for c in port.created]
+    del port.pods["ns/w1"]  # the whole gang gone
+    await later(expander, clock, 1)
+    assert sorted(port.deleted) == sorted(names) and len(expander.inflight) == 0
+
+
+async def test_a_claim_bought_for_a_pod_outside_gangs_is_kept_when_the_pod_goes(port: FakePort) -> None:
+    expander, clock = make(port)
+    expander.notice(port.add_pod("solo"), CAPACITY_ONLY, ["n1"])
+    await later(expander, clock, 10)
+    del port.pods["ns/solo"]
+    await later(expander, clock, 1)
+    assert port.deleted == []  # the single-pod rules are unchanged
