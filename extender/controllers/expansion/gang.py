@@ -6,11 +6,13 @@ when the batch does not fit ``--max-inflight-nodes`` or one member cannot be gro
 from __future__ import annotations
 
 import copy
+import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from extender.common.gang import membership
+from extender.common.timefmt import parse_time
 from extender.controllers.expansion.decide import ClusterView, Create, Skip, WaitForClaim, WaitForSlot, decide
 from extender.controllers.expansion.inflight import InFlight, PodRef
 from extender.controllers.expansion.intake import Queued
@@ -22,6 +24,15 @@ def gang_of(pod: Mapping[str, Any] | None) -> str | None:
     """The gang key of a pod, None outside gangs."""
     member = membership(pod) if pod is not None else None
     return member.group_key if member is not None else None
+
+
+def gang_timed_out(pods: Sequence[Mapping[str, Any]], now: dt.datetime) -> bool:
+    """The gang's ``gang-timeout`` has passed since its oldest member was created (False without one)."""
+    member = membership(pods[0]) if pods else None
+    created = [t for p in pods if (t := parse_time((p.get("metadata") or {}).get("creationTimestamp")))]
+    if member is None or member.timeout is None or not created:
+        return False
+    return now - min(created) >= member.timeout
 
 
 @dataclass

@@ -42,7 +42,7 @@ from extender.controllers.expansion.detect import (
     is_capacity_only,
     unschedulable,
 )
-from extender.controllers.expansion.gang import gang_of, plan_gang
+from extender.controllers.expansion.gang import gang_of, gang_timed_out, plan_gang
 from extender.controllers.expansion.inflight import Departure, LeaveReason, PodRef
 from extender.controllers.expansion.intake import (
     ExpansionPort,
@@ -355,8 +355,8 @@ class Expander(Intake):
             await self._create(pod, entry, decision)
 
     async def _release_gang_claims(self) -> None:
-        """The NodeClaims bought for a gang whose pods are all gone (the gang was deleted) before their nodes
-        came are deleted: nobody is left to use them."""
+        """The NodeClaims bought for a gang whose pods are all gone (the gang was deleted), or whose
+        ``gang-timeout`` has passed, before their nodes came are deleted: nobody is left to use them."""
         by_gang: dict[str, list[str]] = {}
         for name, gang in list(self._gang_claims.items()):
             if name in self.inflight:
@@ -365,7 +365,8 @@ class Expander(Intake):
                 del self._gang_claims[name]
         for gang, names in by_gang.items():
             claims = [c for name in names if (c := self.inflight.get(name)) is not None]
-            if any(self._pod_there(ref) for claim in claims for ref in claim.pods.values()):
+            there = [pod for claim in claims for ref in claim.pods.values() if (pod := self._pod_there(ref))]
+            if there and not gang_timed_out(there, dt.datetime.now(dt.UTC)):
                 continue
             for name in names:
                 try:
@@ -377,10 +378,12 @@ class Expander(Intake):
                 self.inflight.remove(name, LeaveReason.GONE)
                 log.info("NodeClaim released: its gang is gone", extra={"claim": name, "gang": gang})
 
-    def _pod_there(self, ref: PodRef) -> bool:
+    def _pod_there(self, ref: PodRef) -> Mapping[str, Any] | None:
         pod = self.port.cached_pod(ref.namespace, ref.name)
         meta = (pod or {}).get("metadata") or {}
-        return pod is not None and str(meta.get("uid") or "") == ref.uid and not meta.get("deletionTimestamp")
+        if pod is None or str(meta.get("uid") or "") != ref.uid or meta.get("deletionTimestamp"):
+            return None
+        return pod
 
     def _to_autoscaler(self, pool: str) -> bool:
         """The Cluster Autoscaler grows the pool (placeholder pods, one per pod: it packs them itself)."""
@@ -404,6 +407,11 @@ class Expander(Intake):
                 continue
             self._parked.pop(entry.pod.uid, None)
             members.append((entry, pod))
+        if gang_timed_out([pod for _, pod in members], dt.datetime.now(dt.UTC)):
+            log.info("gang scale-up skipped: its gang-timeout has passed", extra={"gang": gang})
+            for entry, _ in members:
+                self._failed(entry.pod.uid)
+            return
         self.track_karpenter_claims()
         batch = plan_gang(gang, members, self.port, self.inflight, self._new_id, self._clock())
         if batch.blocked:

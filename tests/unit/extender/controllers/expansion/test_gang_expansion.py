@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from extender.controllers.expansion.detect import REASON_CHECK, REASON_COMPLETED
@@ -87,3 +88,29 @@ async def test_a_claim_bought_for_a_pod_outside_gangs_is_kept_when_the_pod_goes(
     del port.pods["ns/solo"]
     await later(expander, clock, 1)
     assert port.deleted == []  # the single-pod rules are unchanged
+
+
+async def test_a_gang_whose_timeout_passed_buys_nothing(port: FakePort) -> None:
+    expander, clock = make(port)
+    for i in range(2):
+        pod = gang_pod(port, f"w{i}", members=2)
+        pod["metadata"]["annotations"]["tensor-fusion.ai/gang-timeout"] = "600s"
+        pod["metadata"]["creationTimestamp"] = "2020-01-01T00:00:00Z"
+        expander.notice(pod, CAPACITY_ONLY, ["n1"])
+    await later(expander, clock, 10)
+    assert port.created == []
+
+
+async def test_the_nodes_bought_for_a_gang_whose_timeout_passed_are_released(port: FakePort) -> None:
+    expander, clock = make(port)
+    for i in range(2):
+        pod = gang_pod(port, f"w{i}", members=2)
+        pod["metadata"]["annotations"]["tensor-fusion.ai/gang-timeout"] = "600s"
+        pod["metadata"]["creationTimestamp"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        expander.notice(pod, CAPACITY_ONLY, ["n1"])
+    await later(expander, clock, 10)
+    assert len(port.created) == 2
+    for i in range(2):  # the gang's timeout passes before the nodes come
+        port.pods[f"ns/w{i}"]["metadata"]["creationTimestamp"] = "2020-01-01T00:00:00Z"
+    await later(expander, clock, 1)
+    assert sorted(port.deleted) == sorted(c["metadata"]["name"] for c in port.created)
