@@ -3,7 +3,9 @@
 ``simulate`` is pure; ``main_simulate`` reads the two YAML files and prints the results. Each pod goes
 to the node the extender ranks first (ties by name) and is then recorded as bound, so later pods see it.
 GPUResourceQuotas in the cluster file hold the pods their namespaces' totals or caps refuse
-(``heldByQuota``), against the usage of the pods bound so far.
+(``heldByQuota``), against the usage of the pods bound so far. Members of a gang
+(``tensor-fusion.ai/gang-group-key`` as the webhook stamps it) wait until the quorum has come, then are
+placed all together, or none of them is.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from typing import Any
 
 from extender.common.cli import EXIT_USAGE, describe, fail
 from extender.common.contract import GPU_IDS, ContractError, RequestContext, parse_request, render_annotations
+from extender.common.gang import membership
 from extender.common.logs import describe_exception
 from extender.common.numbers import shown
 from extender.common.output import add_output_argument, json_lines, table, yaml_document
 from extender.common.progress import Progress
 from extender.common.shape import object_problem
 from extender.common.yamlio import YAMLFileError, iter_documents, read_text_file
+from extender.gang.placement import place_gang
 from extender.quota import needs_gpus
 from extender.quota.book import QuotaBook
 from extender.quota.model import KIND as QUOTA_KIND
@@ -191,7 +195,13 @@ def place(state: ClusterState, pod: dict[str, Any], quotas: QuotaBook | None = N
     ranked = state.rank(pod, nodes)
     if not ranked:
         return {"pod": key, "node": None, "gpus": [], "reason": _reason(state, pod, nodes)}
-    node = ranked[0]
+    return _bind(state, pod, ranked[0], quotas)
+
+
+def _bind(state: ClusterState, pod: dict[str, Any], node: str,
+          quotas: QuotaBook | None = None) -> dict[str, Any]:
+    """Reserve the pod's GPUs on ``node`` (a gang member's: its gang's hold) and record it as bound."""
+    key = pod_key(pod)
     try:
         reservation = state.reserve(pod, node)
     except PlacementError as exc:
@@ -229,16 +239,54 @@ def simulate_with_state(cluster_objects: list[dict[str, Any]], pods: list[dict[s
     quotas = QuotaBook(state, lambda: quota_objects) if quota_objects else None
     if progress is not None:
         progress.begin("placing pods", len(pods))
-    results = []
-    for pod in pods:
+    results: dict[int, dict[str, Any]] = {}
+    waiting: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    placed_gangs: set[str] = set()
+    for position, pod in enumerate(pods):
         try:
-            results.append(place(state, pod, quotas))
+            member = membership(pod)
+            if member is None or member.native or member.group_key in placed_gangs:
+                results[position] = place(state, pod, quotas)  # outside gangs, or past a placed quorum: alone
+            else:
+                members = waiting.setdefault(member.group_key, [])
+                members.append((position, pod))
+                if len(members) >= member.required:
+                    del waiting[member.group_key]
+                    results.update(place_gang_members(state, member.group_key, members, quotas))
+                    if all(results[i]["node"] for i, _ in members):
+                        placed_gangs.add(member.group_key)
         except Exception as exc:  # the pod's own fault: its line says so, the next pods go on
-            results.append({"pod": describe_object(pod).split(" ", 1)[-1], "node": None, "gpus": [],
-                            "reason": f"cannot be read: {describe_exception(exc, 200)}"})
+            results[position] = {"pod": describe_object(pod).split(" ", 1)[-1], "node": None, "gpus": [],
+                                 "reason": f"cannot be read: {describe_exception(exc, 200)}"}
         if progress is not None:
             progress.done += 1
-    return results, state
+    for key, members in waiting.items():
+        required = membership(members[0][1]).required  # type: ignore[union-attr]
+        for position, pod in members:
+            results[position] = {"pod": pod_key(pod), "node": None, "gpus": [], "reason": (
+                f"gang {key}: waiting for {required - len(members)} of {required} members")}
+    return [results[i] for i in range(len(pods))], state
+
+
+def place_gang_members(state: ClusterState, key: str, members: list[tuple[int, dict[str, Any]]],
+                       quotas: QuotaBook | None = None) -> dict[int, dict[str, Any]]:
+    """A gang's quorum placed all together (``extender.gang.placement``), or none of it; with ``quotas``,
+    none of it when its namespace's quota cannot take the whole quorum."""
+    try:
+        pods = [(i, canonical_pod(state, pod)) for i, pod in members]
+    except ContractError as exc:
+        return {i: {"pod": pod_key(pod), "node": None, "gpus": [], "reason": str(exc)} for i, pod in members}
+    if quotas is not None and (refusal := quotas.refusal_together(
+            [(pod, state.request_of(pod)) for _, pod in pods])) is not None:
+        return {i: _held(pod_key(pod), f"gang {key}: {refusal.message}") for i, pod in pods}
+    nodes = state.nodes()
+    plan = place_gang(state, [pod for _, pod in pods], {_uid(pod): nodes for _, pod in pods})
+    if not plan.fits:
+        return {i: {"pod": pod_key(pod), "node": None, "gpus": [], "reason": f"gang {key}: {plan.reason}"}
+                for i, pod in pods}
+    state.hold_gang(key, [(p.pod, p.node, p.gpu_ids) for p in plan.placed])
+    node_of = {_uid(dict(p.pod)): p.node for p in plan.placed}
+    return {i: _bind(state, pod, node_of[_uid(pod)]) for i, pod in pods}
 
 
 def utilisation_summary(state: ClusterState) -> str:

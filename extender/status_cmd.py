@@ -106,6 +106,7 @@ def report_state(snapshot: StatusSnapshot) -> ClusterState:
 
 def build_report(snapshot: StatusSnapshot) -> dict[str, Any]:
     from extender.controllers.gpustatus import PoolTotals, node_parts, tflops_text, vram_text
+    from extender.gang.quorum import waiting_gangs
     from extender.scheduling.state import PlacementError, pod_key
 
     state = report_state(snapshot)
@@ -168,7 +169,11 @@ def build_report(snapshot: StatusSnapshot) -> dict[str, Any]:
             "pendingPods": sorted(pending.get(name, []), key=lambda p: p["pod"]),
             "nodeClaimsInFlight": sorted(claims.get(name, []), key=lambda c: c["name"]),
         })
-    return {"pools": out, "quotas": quota_report(state, snapshot.quotas)}
+    gangs = waiting_gangs(snapshot.pods)
+    reasons = {pod_key(p): pending_reason(p) for p in snapshot.pods}
+    for gang in gangs:
+        gang["reason"] = reasons.get(gang.pop("example"), "")
+    return {"pools": out, "quotas": quota_report(state, snapshot.quotas), "waitingGangs": gangs}
 
 
 def quota_report(state: ClusterState, quotas: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -223,6 +228,12 @@ def render_table(report: Mapping[str, Any]) -> str:
             f"{kind} {q[kind]['tflops']['used']}/{q[kind]['tflops']['total']} TFLOPS, "
             f"{q[kind]['vram']['used']}/{q[kind]['vram']['total']} VRAM" for kind in ("requests", "limits"))
             + f"; workers {q['workers']['used']}/{q['workers']['total']}" for q in quotas]
+    gangs = report.get("waitingGangs") or []
+    if gangs:
+        lines += ["", "Waiting gangs (placed all together or not at all):"]
+        lines += [f"  {g['gang']}: {g['bound']} bound, {g['here']} here of "
+                  + (f"{g['required']} required" if g["required"] else "its PodGroup's minCount")
+                  + f": {g['reason']}" for g in gangs]
     claims = [(p["name"], c) for p in report["pools"] for c in p["nodeClaimsInFlight"]]
     if claims:
         lines += ["", "NodeClaims in flight:"]
@@ -292,7 +303,8 @@ def in_namespace(report: Mapping[str, Any], namespace: str) -> dict[str, Any]:
                       "nodeClaimsInFlight": [c for c in pool["nodeClaimsInFlight"]
                                              if str(c.get("forPod", prefix)).startswith(prefix)]})
     quotas = [q for q in report.get("quotas") or [] if q["namespace"] == namespace]
-    return {**report, "pools": pools, "quotas": quotas}
+    gangs = [g for g in report.get("waitingGangs") or [] if str(g["gang"]).startswith(prefix)]
+    return {**report, "pools": pools, "quotas": quotas, "waitingGangs": gangs}
 
 
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:

@@ -41,6 +41,7 @@ from extender.common.contract import (
     parse_request,
     render_annotations,
 )
+from extender.common.gang import desired_members, gang_settings, stamps
 from extender.common.pods import as_map
 from extender.common.profiles import ProfileError, profile_annotations
 from extender.kube.selectors import selects
@@ -49,7 +50,7 @@ from webhook.patch import PatchOp, diff
 from webhook.priority import PriorityPolicy
 from webhook.quota_defaults import quota_defaults
 from webhook.view import ClusterView, KubeObject, name_of
-from webhook.workload import label_value, workload_name
+from webhook.workload import controller_ref, label_value, workload_name
 
 TOLERATION_EFFECT = "PreferNoSchedule"
 USED_BY_TOLERATION: dict[str, str] = {
@@ -197,9 +198,11 @@ def _mutated(pod: KubeObject, view: ClusterView, namespace: str, scheduler_name:
     )
     request = parse_request(inputs, context)
 
+    workload = workload_name(pod, namespace, view)
     labels[COMPONENT_LABEL] = COMPONENT_WORKER
     labels[POOL_LABEL] = label_value(request.pool)
-    labels[WORKLOAD_LABEL] = label_value(workload_name(pod, namespace, view))
+    labels[WORKLOAD_LABEL] = label_value(workload)
+    annotations.update(_gang_stamps(pod, annotations, view, namespace, workload))
     if AUTOSCALE not in inputs and AUTOSCALE not in profile_values:
         request = _template_autoscale(request, view, labels, explicit_target=AUTOSCALE_TARGET in inputs
                                       or AUTOSCALE_TARGET in profile_values)
@@ -227,6 +230,20 @@ def _mutated(pod: KubeObject, view: ClusterView, namespace: str, scheduler_name:
         spec.pop("priority", None)
         spec.pop("preemptionPolicy", None)
     return new, request, positions
+
+
+def _gang_stamps(pod: KubeObject, annotations: Mapping[str, Any], view: ClusterView, namespace: str,
+                 workload: str) -> dict[str, str]:
+    """The gang annotations (``extender.common.gang``) for a pod in a gang; nothing for the others."""
+    profile_name = str(annotations.get(WORKLOAD_PROFILE) or "").strip()
+    profile = view.profile(namespace, profile_name) if profile_name else None
+    profile_spec = (profile or {}).get("spec") or {}
+    settings = gang_settings(annotations, profile_spec, f"WorkloadProfile {namespace}/{profile_name}")
+    if settings is None:
+        return {}
+    ref = controller_ref(pod)
+    owner = view.owner(namespace, str(ref.get("kind") or ""), str(ref.get("name") or "")) if ref else None
+    return stamps(settings, desired_members(annotations, profile_spec, owner), f"{namespace}/{workload}")
 
 
 def _limits(container: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -9,6 +9,7 @@ from extender.controllers import (
     capacity,
     defrag,
     expansion,
+    gang,
     gpunode,
     gpustatus,
     nudge,
@@ -19,6 +20,7 @@ from extender.controllers import (
 from extender.controllers.wiring import ControllerPackage
 
 CONTROLLERS: tuple[ControllerPackage, ...] = (
+    gang,
     quota,
     preemptor,
     nudge,

@@ -27,6 +27,8 @@ REPLICASETS = Resource("apps", "v1", "replicasets", "ReplicaSet", True)
 DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", True)
 JOBS = Resource("batch", "v1", "jobs", "Job", True)
 CRONJOBS = Resource("batch", "v1", "cronjobs", "CronJob", True)
+# Kubernetes 1.36's gang API (feature gate GenericWorkload); absent on API servers without it
+POD_GROUPS = Resource("scheduling.k8s.io", "v1alpha2", "podgroups", "PodGroup", True)
 GPUS = Resource("tensor-fusion.ai", "v1", "gpus", "GPU", False)
 GPU_POOLS = Resource("tensor-fusion.ai", "v1", "gpupools", "GPUPool", False)
 SCHEDULING_CONFIG_TEMPLATES = Resource(

@@ -6,6 +6,9 @@
 - A *hold* is a filter's first choice, kept for the bind that should follow (kube-scheduler pipelines: it
   filters the next pods while earlier binds are still on their way); the bind takes it over, an unused
   hold lapses after ``hold_seconds``.
+- A *gang hold* is one member's part of a gang placed whole (``extender.gang``): explicit node and GPUs,
+  kept until the member's bind takes it or the gang releases all its holds at once (``release_gang``);
+  it never lapses by itself. A member's failed bind gives its GPUs back to the gang hold, not to the pool.
 
 Both are ledger reservations on the picture (``Cluster``); this module keeps what they are for.
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +55,8 @@ class AssumeCache:
         self._reserved_by_node: dict[str | None, set[str]] = {}  # node -> uids in _reserved_pods
         self._holds: dict[str, Allocation] = {}
         self._hold_queue: deque[tuple[float, Allocation]] = deque()
+        self._gang_holds: dict[str, tuple[str, Allocation]] = {}  # uid -> (gang, allocation)
+        self._gang_reserved: dict[str, str] = {}  # uid -> gang, for reservations taken from a gang hold
 
     def copy_onto(self, cluster: Cluster) -> AssumeCache:
         """An independent copy for a what-if copy of the picture (whose ledger holds the same allocations)."""
@@ -62,6 +67,8 @@ class AssumeCache:
         other._reserved_by_node = {node: set(uids) for node, uids in self._reserved_by_node.items()}
         other._holds = dict(self._holds)
         other._hold_queue = deque(self._hold_queue)
+        other._gang_holds = dict(self._gang_holds)
+        other._gang_reserved = dict(self._gang_reserved)
         return other
 
     # --- reservations -----------------------------------------------------------------------------
@@ -73,6 +80,8 @@ class AssumeCache:
         if bound is not None:
             raise PlacementError(f"pod {key} already holds GPUs {','.join(bound.gpu_ids)} on {bound.node}")
         self._take_hold(uid)  # the filter's hold for this bind: re-chosen below, with the same room free
+        if uid in self._gang_holds:
+            return self._reserve_gang_hold(pod, node, request)
         # A retry replaces the pod's earlier reservation, which is restored if the new one fails.
         previous = self._reservations.pop(uid, None)
         if previous is not None:
@@ -98,6 +107,20 @@ class AssumeCache:
         cluster.touch(ledger.reserve(allocation))
         return reservation
 
+    def _reserve_gang_hold(self, pod: Mapping[str, Any], node: str, request: GPURequest) -> Reservation:
+        """The bind of a gang member: exactly the node and GPUs its gang chose (already counted)."""
+        uid = pod_uid(pod)
+        gang, held = self._gang_holds[uid]
+        if held.node != node:
+            raise PlacementError(f"its gang {gang} holds GPUs {','.join(held.gpu_ids)} for it on node "
+                                 f"{held.node}, not {node}")
+        del self._gang_holds[uid]
+        reservation = Reservation(held.pod_key, uid, node, held.gpu_ids, held.request)
+        self._reservations[uid] = (reservation, held)
+        self._gang_reserved[uid] = gang
+        self._add_reserved_pod(PodRecord(uid, held.pod_key, node, "", pod_index(pod), held.priority))
+        return reservation
+
     def reservation(self, uid: str) -> Reservation | None:
         held = self._reservations.get(uid)
         return held[0] if held is not None else None
@@ -108,6 +131,10 @@ class AssumeCache:
             return
         del self._reservations[reservation.pod_uid]
         self._pop_reserved_pod(reservation.pod_uid)
+        gang = self._gang_reserved.pop(reservation.pod_uid, None)
+        if gang is not None:  # a member's bind failed: its GPUs stay its gang's, for the retry
+            self._gang_holds[reservation.pod_uid] = (gang, held[1])
+            return
         self._cluster.freed(self._ledger.release(held[1]))
 
     def forget(self, uid: str) -> None:
@@ -116,6 +143,8 @@ class AssumeCache:
         self._reservations.pop(uid, None)
         self._pop_reserved_pod(uid)
         self._holds.pop(uid, None)
+        self._gang_holds.pop(uid, None)
+        self._gang_reserved.pop(uid, None)
 
     def _add_reserved_pod(self, pod: PodRecord) -> None:
         self._pop_reserved_pod(pod.uid)  # a retry may reserve on another node
@@ -137,7 +166,7 @@ class AssumeCache:
         scheduled before that bind arrives do not count the same room free."""
         cluster, ledger = self._cluster, self._ledger
         uid = pod_uid(pod)
-        if uid in self._reservations or ledger.bound(uid) is not None:
+        if uid in self._reservations or uid in self._gang_holds or ledger.bound(uid) is not None:
             return
         previous = self._holds.pop(uid, None)
         if previous is not None:
@@ -173,14 +202,49 @@ class AssumeCache:
     def held_node(self, pod: Mapping[str, Any]) -> str | None:
         """The node of the pod's own reservation (its bind is in flight, or done and not yet watched) or
         of its hold (a filter chose that node, the bind has not come yet)."""
-        if not self._reservations and not self._holds:
+        if not self._reservations and not self._holds and not self._gang_holds:
             return None
         uid = pod_uid(pod)
         held = self._reservations.get(uid)
         if held is not None:
             return held[0].node
+        if (gang_hold := self._gang_holds.get(uid)) is not None:
+            return gang_hold[1].node
         hold = self._holds.get(uid)
         return hold.node if hold is not None else None
+
+    # --- gang holds -------------------------------------------------------------------------------
+
+    def hold_gang(self, gang: str, allocations: Iterable[Allocation]) -> None:
+        """Hold each member's node and GPUs for gang ``gang`` (chosen together by the caller), replacing
+        what the gang held before. No lapse: the holds stay until the members bind or ``release_gang``."""
+        self.release_gang(gang)
+        for allocation in allocations:
+            self._take_hold(allocation.uid)
+            self._gang_holds[allocation.uid] = (gang, allocation)
+            self._cluster.touch(self._ledger.reserve(allocation))
+
+    def release_gang(self, gang: str) -> list[str]:
+        """Give back every GPU the gang holds for members not bound yet (their binds in flight keep
+        theirs); the uids released."""
+        released = [uid for uid, (group, _) in self._gang_holds.items() if group == gang]
+        freed: set[str] = set()
+        for uid in released:
+            freed |= self._ledger.release(self._gang_holds.pop(uid)[1])
+        if freed:
+            self._cluster.freed(freed)
+        return released
+
+    def gang_holds(self) -> dict[str, list[Allocation]]:
+        """Gang -> the holds of its members not yet binding."""
+        out: dict[str, list[Allocation]] = {}
+        for gang, allocation in self._gang_holds.values():
+            out.setdefault(gang, []).append(allocation)
+        return out
+
+    def gang_binding(self, uid: str) -> str | None:
+        """The gang of a member whose bind took its gang hold and is still in flight."""
+        return self._gang_reserved.get(uid)
 
     # --- pod indices ------------------------------------------------------------------------------
 

@@ -278,6 +278,30 @@ class ClusterState:
     def pending_index_holder(self, node: str, index: int, pod_uid: str) -> str | None:
         return self._assume.pending_index_holder(node, index, pod_uid)
 
+    # --- gangs (extender.gang decides; these keep its choice) --------------------------------------
+
+    def hold_gang(self, gang: str,
+                  placements: Iterable[tuple[Mapping[str, Any], str, tuple[str, ...]]]) -> None:
+        """Hold, for the members of ``gang`` only, each ``(pod, node, gpu_ids)`` chosen together (see
+        ``AssumeCache.hold_gang``); replaces what the gang held before."""
+        self._assume.hold_gang(gang, [
+            Allocation(pod_uid(pod), pod_key(pod), node, gpu_ids, self.request_of(pod), pod_priority(pod))
+            for pod, node, gpu_ids in placements])
+
+    def release_gang(self, gang: str) -> list[str]:
+        """Release every GPU the gang holds for members not binding yet; the uids released."""
+        return self._assume.release_gang(gang)
+
+    def gang_holds(self) -> dict[str, list[Allocation]]:
+        return self._assume.gang_holds()
+
+    def gang_binding(self, uid: str) -> str | None:
+        return self._assume.gang_binding(uid)
+
+    def held_node(self, pod: Mapping[str, Any]) -> str | None:
+        """The node the pod's bind in flight, its gang hold or its filter hold is on."""
+        return self._assume.held_node(pod)
+
     def resize(self, uid: str, tflops: Fraction | None, vram: int | None) -> ResizeOutcome:
         """Resize a bound pod's share of its GPUs in the ledger (see ``Ledger.resize``); the room a
         scale-down frees is offered to waiting pods at once."""

@@ -71,6 +71,7 @@ def start_scheduler(
     name: str = "kube-scheduler",
     config: dict | None = None,
     timeout: float = 60,
+    flags: tuple[str, ...] = (),
 ) -> ManagedProcess:
     cfg = config or scheduler_config(cp.kubeconfig, extender_url)
     cfg_path = cp.workdir / f"{name}-config.yaml"
@@ -90,6 +91,7 @@ def start_scheduler(
             f"--client-ca-file={cp.client_ca.cert}",
             f"--cert-dir={cp.workdir / (name + '-certs')}",
             "--v=2",
+            *flags,
         ],
         cp.log_dir,
     )

@@ -34,6 +34,8 @@ class ControlPlane:
     workdir: Path
     binaries: dict[str, Path]
     registry: ProcessRegistry = field(default_factory=lambda: PROCESSES)
+    # more kube-apiserver flags (feature gates, runtime-config) for a control plane of a test module's own
+    apiserver_flags: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
@@ -142,6 +144,7 @@ class ControlPlane:
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
                 "--v=1",
+                *self.apiserver_flags,
             ],
             self.log_dir,
         )

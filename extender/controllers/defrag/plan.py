@@ -30,6 +30,7 @@ from enum import StrEnum
 from typing import Any
 
 from extender.common.contract import GPU_IDS, NATIVE_GPU_RESOURCES, POD_INDEX
+from extender.common.gang import membership
 from extender.common.labels import SCHEDULING_DO_NOT_DISRUPT
 from extender.common.pods import TERMINAL_PHASES
 from extender.common.timefmt import parse_time
@@ -52,6 +53,7 @@ class SkipReason(StrEnum):
     MISSING_PDB = "missing-pdb"
     YOUNG_WORKER = "young-worker"
     NO_ROOM = "no-room"
+    GANG_MEMBER = "gang-member"
 
 
 @dataclass(frozen=True)
@@ -283,6 +285,11 @@ def node_skip(node: str, snapshot: Snapshot, workers: Sequence[Allocation], now:
         if found is None:  # a bind in flight: the pod has only just been placed here
             return Skip(node, SkipReason.YOUNG_WORKER, f"pod {worker.pod_key} is being placed on node {node}",
                         worker.pod_key)
+        if (gang := membership(found)) is not None:
+            # moving one member alone restarts it apart from its peers, which a gang cannot run without
+            return Skip(node, SkipReason.GANG_MEMBER,
+                        f"pod {worker.pod_key} is a member of gang {gang.group_key}, which moves whole or "
+                        "not at all", worker.pod_key)
         if not has_controller(found):
             return Skip(node, SkipReason.NO_CONTROLLER,
                         f"pod {worker.pod_key} has no controller to recreate it after eviction",

@@ -68,6 +68,8 @@ class ExpansionPort(ClusterView, Protocol):
 
     async def create_nodeclaim(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
+    async def delete_nodeclaim(self, name: str) -> None: ...
+
 
 @dataclass
 class Queued:

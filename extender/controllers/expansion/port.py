@@ -17,7 +17,7 @@ from extender.controllers.expansion.fit import device_of
 from extender.controllers.expansion.karpenter import node_usable
 from extender.controllers.expansion.metrics import ExpansionMetrics
 from extender.controllers.expansion.worker import Expander
-from extender.kube.client import api_call, get_or_none, request_json
+from extender.kube.client import api_call, get_or_none, not_found, request_json
 from extender.kube.events import EventRecorder
 from extender.kube.informer import ADDED, DELETED, WatchCache
 from extender.kube.resources import EVENTS, NODECLAIMS, PODS, collection_path, object_path
@@ -132,6 +132,13 @@ class KubeExpansionPort:
         created: dict[str, Any] = await api_call(request_json, self.api_client, "POST",
                                                  collection_path(NODECLAIMS), body=body)
         return created
+
+    async def delete_nodeclaim(self, name: str) -> None:
+        try:
+            await api_call(request_json, self.api_client, "DELETE", object_path(NODECLAIMS, name))
+        except Exception as exc:
+            if not not_found(exc):
+                raise
 
     # -- watch callbacks ----------------------------------------------------------------------------
 

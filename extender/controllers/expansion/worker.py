@@ -42,6 +42,7 @@ from extender.controllers.expansion.detect import (
     is_capacity_only,
     unschedulable,
 )
+from extender.controllers.expansion.gang import gang_of, gang_timed_out, plan_gang
 from extender.controllers.expansion.inflight import Departure, LeaveReason, PodRef
 from extender.controllers.expansion.intake import (
     ExpansionPort,
@@ -96,6 +97,7 @@ class Expander(Intake):
         super().__init__(config, port, request_of=request_of, metrics=metrics, clock=clock, new_id=new_id,
                          refilter=refilter)
         self._adopted = False
+        self._gang_claims: dict[str, str] = {}  # NodeClaim bought for a gang -> the gang
         # the caches both wait for; the placeholders' cache joins the deciding one's (``use_placeholders``)
         self.settling = Reconciler("expander-claims", self.reconcile_claims, interval=TICK_SECONDS,
                                    caches=caches, wake=self.claims_wake, settle=0.0)
@@ -143,10 +145,15 @@ class Expander(Intake):
         self._settle(at)
         self._check_nodepools(at)
         self.reconsider(at)
+        await self._release_gang_claims()
         while self._due and self._due[0][0] <= at:
             _, _, entry = heapq.heappop(self._due)
             try:
-                await self._process(entry)
+                gang = gang_of(self.port.cached_pod(entry.pod.namespace, entry.pod.name))
+                if gang is None or self._to_autoscaler(entry.request.pool):
+                    await self._process(entry)
+                else:
+                    await self._process_gang(gang, entry)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -347,14 +354,102 @@ class Expander(Intake):
         elif isinstance(decision, Create):
             await self._create(pod, entry, decision)
 
-    async def _create(self, pod: dict[str, Any], entry: Queued, decision: Create) -> None:
+    async def _release_gang_claims(self) -> None:
+        """The NodeClaims bought for a gang whose pods are all gone (the gang was deleted), or whose
+        ``gang-timeout`` has passed, before their nodes came are deleted: nobody is left to use them."""
+        by_gang: dict[str, list[str]] = {}
+        for name, gang in list(self._gang_claims.items()):
+            if name in self.inflight:
+                by_gang.setdefault(gang, []).append(name)
+            else:
+                del self._gang_claims[name]
+        for gang, names in by_gang.items():
+            claims = [c for name in names if (c := self.inflight.get(name)) is not None]
+            there = [pod for claim in claims for ref in claim.pods.values() if (pod := self._pod_there(ref))]
+            if there and not gang_timed_out(there, dt.datetime.now(dt.UTC)):
+                continue
+            for name in names:
+                try:
+                    await self.port.delete_nodeclaim(name)
+                except Exception as exc:
+                    log.warning("cannot delete a gang's NodeClaim", extra={"claim": name, "error": repr(exc)})
+                    continue
+                del self._gang_claims[name]
+                self.inflight.remove(name, LeaveReason.GONE)
+                log.info("NodeClaim released: its gang is gone", extra={"claim": name, "gang": gang})
+
+    def _pod_there(self, ref: PodRef) -> Mapping[str, Any] | None:
+        pod = self.port.cached_pod(ref.namespace, ref.name)
+        meta = (pod or {}).get("metadata") or {}
+        if pod is None or str(meta.get("uid") or "") != ref.uid or meta.get("deletionTimestamp"):
+            return None
+        return pod
+
+    def _to_autoscaler(self, pool: str) -> bool:
+        """The Cluster Autoscaler grows the pool (placeholder pods, one per pod: it packs them itself)."""
+        return self.placeholders is not None and \
+            self.placeholders.provisioner(self.port.gpupool(pool)) is Provisioner.CLUSTER_AUTOSCALER
+
+    async def _process_gang(self, gang: str, first: Queued) -> None:
+        """A gang's queued members as one demand (``expansion.gang``): every claim they need in one batch,
+        or none."""
+        entries = [first, *(e for _, _, e in self._due
+                            if gang_of(self.port.cached_pod(e.pod.namespace, e.pod.name)) == gang)]
+        taken = {id(e) for e in entries}
+        self._due = [item for item in self._due if id(item[2]) not in taken]
+        heapq.heapify(self._due)
+        members: list[tuple[Queued, dict[str, Any]]] = []
+        for entry in entries:
+            pod = await self.port.read_pod(entry.pod.namespace, entry.pod.name)
+            if pod is None or skip_reason(pod, entry.pod.uid) is not None:
+                self.flagged.forget(entry.pod.uid)
+                self._forget_pending(entry.pod.uid)
+                continue
+            self._parked.pop(entry.pod.uid, None)
+            members.append((entry, pod))
+        if gang_timed_out([pod for _, pod in members], dt.datetime.now(dt.UTC)):
+            log.info("gang scale-up skipped: its gang-timeout has passed", extra={"gang": gang})
+            for entry, _ in members:
+                self._failed(entry.pod.uid)
+            return
+        self.track_karpenter_claims()
+        batch = plan_gang(gang, members, self.port, self.inflight, self._new_id, self._clock())
+        if batch.blocked:
+            for entry, pod in members:
+                if batch.slot_wait:
+                    self._slot_waiters[entry.pod.uid] = entry
+                else:
+                    self._failed(entry.pod.uid)
+                if not entry.announced_wait:
+                    entry.announced_wait = True
+                    self.port.record(pod, REASON_WAITING if batch.slot_wait else REASON_FAILED, batch.blocked,
+                                     "Normal" if batch.slot_wait else "Warning")
+            return
+        created: dict[str, str | None] = {}
+        for entry, pod, decision, planned in batch.creates:
+            created[planned] = name = await self._create(pod, entry, decision)
+            if name:
+                self._gang_claims[name] = gang
+        for entry, pod, claim in batch.waits:
+            name = created.get(claim, claim)
+            if name is None:  # the claim planned for it could not be created: tried again later
+                self._failed(entry.pod.uid)
+                continue
+            self.inflight.assign(name, pod, entry.request)
+            self.port.record(pod, REASON_WAITING, f"NodeClaim {name}, bought for gang {gang}, has room for "
+                                                  "this pod: no new node is created")
+        if batch.creates:
+            log.info("gang scale-up", extra={"gang": gang, "members": len(members),
+                                             "claims": sorted(n for n in created.values() if n)})
+
+    async def _create(self, pod: dict[str, Any], entry: Queued, decision: Create) -> str | None:
         try:
             created = await self.port.create_nodeclaim(decision.body)
         except Exception as exc:
             self._failed(entry.pod.uid)  # tried again after a while, or at the next rejection
             self.port.record(pod, REASON_FAILED,
                              f"creating a NodeClaim in NodePool {decision.nodepool} failed: {exc}", "Warning")
-            return
+            return None
         name = str((created.get("metadata") or {}).get("name") or "")
         self.inflight.add(name, created, list(decision.devices), self._clock())
         self.inflight.assign(name, pod, entry.request)
@@ -365,6 +460,7 @@ class Expander(Intake):
         self.port.record(pod, REASON_COMPLETED,
                          f"created NodeClaim {name} in NodePool {decision.nodepool} ({instance_type}, "
                          f"{source}) for this pod")
+        return name
 
     def _depart(self, departures: Sequence[Departure]) -> None:
         for departure in departures:

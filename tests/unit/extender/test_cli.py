@@ -125,6 +125,8 @@ SERVE_FLAGS_ADDED_SINCE: dict[str, tuple[str, Any, list[str] | None]] = {
     "--gpu-node-interval": ("gpu_node_interval", 5.0, None),
     "--gpu-quotas --no-gpu-quotas": ("gpu_quotas_enabled", True, None),
     "--gpu-quota-status-interval": ("gpu_quota_status_interval", 5.0, None),
+    "--gang-scheduling --no-gang-scheduling": ("gang_scheduling", True, None),
+    "--gang-reserve-timeout": ("gang_reserve_timeout", 60.0, None),
 }
 
 

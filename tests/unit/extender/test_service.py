@@ -101,7 +101,7 @@ def test_one_lease_gates_every_leader_only_controller() -> None:
 def test_without_cluster_wide_controllers_no_leader_is_elected() -> None:
     service = _service(["serve", "--no-expansion", "--no-defrag", "--no-capacity-controllers",
                         "--no-tensorfusion-clusters", "--no-preemptor", "--no-nudge-scheduler",
-                        "--no-gpu-quotas"])
+                        "--no-gpu-quotas", "--no-gang-scheduling"])
     assert service.leadership is None
     assert not any(c.leader_only for c in service.controllers)
     assert "nodeclaims" not in [c.name for c in service.informers.caches()]

@@ -157,3 +157,23 @@ def test_an_endless_input_is_refused_not_read_until_memory_runs_out(
     args = argparse.Namespace(cluster="/dev/zero", pods="/dev/zero", mode=None)
     assert main_simulate(args) == 2
     assert "/dev/zero: larger than 1 MiB; not read" in capsys.readouterr().err
+
+
+def gang(name: str, key: str, required: int, tflops: str = "100") -> dict:
+    p = pod(name, tflops)
+    p["metadata"]["annotations"].update({"tensor-fusion.ai/gang-group-key": f"ml/{key}",
+                                         "tensor-fusion.ai/gang-required-members": str(required),
+                                         "tensor-fusion.ai/gang-desired-members": str(required)})
+    return p
+
+
+def test_gangs_are_placed_all_together_or_not_at_all() -> None:
+    cluster = [obj for obj in CLUSTER if obj.get("kind") != "Pod"]  # four idle GPUs of 100 TFLOPS
+    pods = [gang("a0", "a", 3), gang("b0", "b", 2), gang("a1", "a", 3), gang("b1", "b", 2),
+            gang("a2", "a", 3), gang("c0", "c", 2)]
+    results = {r["pod"]: r for r in simulate(cluster, pods, None)}
+    # b's quorum comes first and takes two GPUs; a then needs three of the two left: none of a is placed
+    assert [bool(results[f"ml/b{i}"]["node"]) for i in range(2)] == [True, True]
+    assert [results[f"ml/a{i}"]["node"] for i in range(3)] == [None, None, None]
+    assert "gang ml/a: the gang's 3 members do not fit together (2 would)" in results["ml/a0"]["reason"]
+    assert results["ml/c0"]["reason"] == "gang ml/c: waiting for 1 of 2 members"

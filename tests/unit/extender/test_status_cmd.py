@@ -200,3 +200,23 @@ def test_status_names_the_resource_the_api_server_does_not_serve(
     assert captured.err.startswith(stderr) and len(captured.err.splitlines()) == 1, captured.err
     if code == 0:
         assert json.loads(captured.out) == {"pools": [], "quotas": []}
+
+
+def test_waiting_gangs_are_listed_and_running_ones_are_not():
+    def member(name: str, gang: str, required: int, node: str | None = None) -> dict[str, Any]:
+        p = pod(name, f"u-{name}", node=node, gpu_ids="g0" if node else None,
+                phase="Running" if node else "Pending")
+        p["metadata"]["annotations"].update({"tensor-fusion.ai/gang-group-key": f"ml/{gang}",
+                                             "tensor-fusion.ai/gang-required-members": str(required),
+                                             "tensor-fusion.ai/gang-desired-members": str(required)})
+        p["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "message":
+                                      f"gang ml/{gang}: waiting for 1 of 3 members"}]
+        return p
+
+    pods = [member("t0", "train", 3), member("t1", "train", 3),
+            member("r0", "serve", 2, node="n1"), member("r1", "serve", 2, node="n1")]
+    report = build_report(StatusSnapshot([], [], [], [], pods, []))
+    assert report["waitingGangs"] == [{"gang": "ml/train", "required": 3, "here": 2, "bound": 0,
+                                       "reason": "gang ml/train: waiting for 1 of 3 members"}]
+    assert ("  ml/train: 0 bound, 2 here of 3 required: gang ml/train: waiting for 1 of 3 members"
+            in render_table(report).splitlines())

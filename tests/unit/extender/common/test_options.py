@@ -36,7 +36,7 @@ def test_every_time_option_takes_a_go_duration() -> None:
     assert {a.option_strings[0] for a in timed} == {
         "--bind-deadline", "--gpu-status-interval", "--defrag-replacement-timeout", "--expansion-delay",
         "--expansion-claim-timeout", "--capacity-interval", "--node-protection-time", "--autoscale-interval",
-        "--node-join-timeout", "--orphan-grace", "--capacity-error-backoff",
+        "--node-join-timeout", "--orphan-grace", "--capacity-error-backoff", "--gang-reserve-timeout",
         "--tensorfusion-cluster-interval", "--autoscale-prometheus-step",
         "--gpu-node-interval", "--gpu-quota-status-interval"}
     args = cli.build_parser().parse_args([
@@ -76,7 +76,7 @@ def test_format_duration_reads_back(seconds: float) -> None:
 def test_every_serve_option_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     parser = cli.build_parser()
     names = {options.env_name(cli.ENV_PREFIX, a.option_strings[0]) for a in _serve_actions(parser)}
-    assert len(names) == len(_serve_actions(parser)) == 58  # --cloud-endpoint-allow
+    assert len(names) == len(_serve_actions(parser)) == 60
     assert "TF_EXTENDER_BIND_DEADLINE" in names and "TF_EXTENDER_NO_PREEMPTOR" not in names
     monkeypatch.setenv("TF_EXTENDER_BIND_DEADLINE", "20s")
     monkeypatch.setenv("TF_EXTENDER_PREEMPTOR", "false")
@@ -133,7 +133,7 @@ def test_bad_yaml_names_the_file_line_and_column(tmp_path: Path) -> None:
     config.write_text("a: 1\nb: [2, 3\nc: 4\n")
     with pytest.raises(options.OptionSourceError, match=r"bad\.yaml:3:\d+: not valid YAML"):
         options.load_yaml_file(config)
-    with pytest.raises(options.OptionSourceError, match="missing.yaml: no such file or directory"):
+    with pytest.raises(options.OptionSourceError, match=r"missing\.yaml: no such file or directory"):
         options.load_yaml_file(tmp_path / "missing.yaml")
 
 

@@ -132,6 +132,13 @@ def native_pod(name: str, node_name: str) -> dict[str, Any]:
             "status": {"phase": "Running"}}
 
 
+def gang_member(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["metadata"].setdefault("annotations", {}).update({
+        TF + "gang-group-key": "ml/trainer", TF + "gang-required-members": "2",
+        TF + "gang-desired-members": "2"})
+    return pod
+
+
 SKIP_CASES = [
     ("cordoned", lambda o: replace_obj(o, "Node", "light-a", node("light-a", unschedulable=True)),
      SkipReason.CORDONED, "node light-a is cordoned"),
@@ -149,6 +156,10 @@ SKIP_CASES = [
     ("no-controller", lambda o: replace_obj(o, "Pod", "light-a-w0", worker("light-a-w0", "light-a", 0,
                                                                             owner=False)),
      SkipReason.NO_CONTROLLER, "pod ml/light-a-w0 has no controller to recreate it after eviction"),
+    ("gang-member", lambda o: replace_obj(o, "Pod", "light-a-w0",
+                                          gang_member(worker("light-a-w0", "light-a", 0))),
+     SkipReason.GANG_MEMBER,
+     "pod ml/light-a-w0 is a member of gang ml/trainer, which moves whole or not at all"),
     ("young-worker", lambda o: replace_obj(o, "Pod", "light-a-w0", worker(
         "light-a-w0", "light-a", 0, created="2026-06-01T11:00:00Z")),
      SkipReason.YOUNG_WORKER, "pod ml/light-a-w0 is younger than maxDuration 2h"),
