@@ -199,7 +199,7 @@ def test_status_names_the_resource_the_api_server_does_not_serve(
     captured = capsys.readouterr()
     assert captured.err.startswith(stderr) and len(captured.err.splitlines()) == 1, captured.err
     if code == 0:
-        assert json.loads(captured.out) == {"pools": [], "quotas": []}
+        assert json.loads(captured.out) == {"pools": [], "quotas": [], "waitingGangs": []}
 
 
 def test_waiting_gangs_are_listed_and_running_ones_are_not():

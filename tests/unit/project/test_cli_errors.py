@@ -47,7 +47,7 @@ CASES = [
     ("tf-extender", ["status", "--watch-interval", "0s"], 2, "--watch-interval"),
     ("tf-extender", ["plan", "--cluster", "{tmp}/bad.yaml", "--now", "yesterday"], 2, "--now 'yesterday'"),
     ("tf-webhook", ["serve"], 2, "the following arguments are required: --cert-dir"),
-    ("tf-webhook", ["serve", "--cert-dir", "x", "--config", "{tmp}/none.yaml"], 2, "none.yaml: cannot read"),
+    ("tf-webhook", ["serve", "--cert-dir", "x", "--config", "{tmp}/none.yaml"], 2, "none.yaml: no such file or directory"),
     ("tf-certs", ["generate", "--out-dir", "{tmp}/out", "--ip", "999.1.1.1"], 2,
      "argument --ip: '999.1.1.1' is not an IP address"),
     ("tf-certs", ["generate"], 2, "the following arguments are required: --out-dir"),
