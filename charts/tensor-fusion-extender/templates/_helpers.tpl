@@ -130,7 +130,7 @@ tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 securityContext:
-  {{- toYaml (merge (dict) ($v.podSecurityContext | default dict) (dict "runAsNonRoot" true "runAsUser" 65532 "runAsGroup" 65532 "seccompProfile" (dict "type" "RuntimeDefault"))) | nindent 2 }}
+  {{- include "tfe.over" (list (dict "runAsNonRoot" true "runAsUser" 65532 "runAsGroup" 65532 "seccompProfile" (dict "type" "RuntimeDefault")) $v.podSecurityContext) | nindent 2 }}
 affinity:
   {{- if $v.affinity }}
   {{- toYaml $v.affinity | nindent 2 }}
@@ -153,5 +153,13 @@ topologySpreadConstraints:
 {{/* A container's securityContext: the defaults (no privilege escalation, read-only root, no capabilities)
 with the given values over them. */}}
 {{- define "tfe.containerSecurityContext" -}}
-{{- toYaml (merge (dict) (. | default dict) (dict "allowPrivilegeEscalation" false "readOnlyRootFilesystem" true "capabilities" (dict "drop" (list "ALL")))) }}
+{{- include "tfe.over" (list (dict "allowPrivilegeEscalation" false "readOnlyRootFilesystem" true "capabilities" (dict "drop" (list "ALL"))) .) }}
+{{- end }}
+
+{{/* (defaults, given) as YAML: each key of given replaces the default's, false included (sprig's merge
+would keep a default true over a given false). */}}
+{{- define "tfe.over" -}}
+{{- $out := deepCopy (index . 0) -}}
+{{- range $k, $v := (index . 1 | default dict) }}{{ $_ := set $out $k $v }}{{ end -}}
+{{- toYaml $out }}
 {{- end }}
