@@ -89,12 +89,16 @@ def native_arch() -> str:
 def wheelhouse(pip: Path, lock: Path, arch: str, out: Path) -> list[Path]:
     """The lock's packages as wheels for ``arch``, every download checked against the lock's hashes."""
     native = out / "native"
-    _run([pip, "wheel", "--no-deps", "--require-hashes", "-r", lock, "-w", native])
+    blocks = lock_blocks(lock.read_text())
+    # the locked build backend first (hashes checked), so that sdists build with it and nothing unlocked
+    backend_lock = out / "backend.lock"
+    backend_lock.write_text("".join(blocks[name] for name in sorted(BUILD_ONLY)))
+    _run([pip, "install", "--no-deps", "--require-hashes", "-r", backend_lock])
+    _run([pip, "wheel", "--no-deps", "--require-hashes", "--no-build-isolation", "-r", lock, "-w", native])
     wheels = sorted(native.glob("*.whl"))
     if arch == native_arch():
         return wheels
     compiled = [w for w in wheels if not is_pure(w)]
-    blocks = lock_blocks(lock.read_text())
     target_lock = out / "compiled.lock"
     target_lock.write_text("".join(blocks[wheel_name(w)] for w in compiled))
     target = out / arch
