@@ -146,7 +146,8 @@ def make_venv(wheel_dir: Path, arch: str, project: Path, venv: Path) -> None:
     for entry in sorted(staged.iterdir()):
         if entry.name == "bin":
             for script in sorted(entry.iterdir()):
-                _place_script(script, venv / "bin" / script.name, venv / "bin" / "python")
+                if script.is_file():  # (a .py script's __pycache__ stays behind)
+                    _place_script(script, venv / "bin" / script.name, venv / "bin" / "python")
         else:
             shutil.move(str(entry), site / entry.name)
     shutil.rmtree(work, ignore_errors=True)
