@@ -335,3 +335,13 @@ def test_on_gke_the_quota_value_lets_the_pods_in(helm, cluster, e2e_binaries):
     hc.run_hook(cp, hc.hook_objects(helm, kc))
     hc.start_release(cp, started, installed, e2e_binaries, prefix="gke")
     hc.schedule_a_gpu_pod(cp)
+
+    # TensorFusion's guide: "on an existing install update the Secret directly" (kubectl patch secret)
+    assert core.read_namespaced_secret(SECRET, NS).data == {"ak": "", "sk": ""}
+    core.patch_namespaced_secret(SECRET, NS, {"stringData": {"ak": "AKIA-GUIDE", "sk": "guide-secret"}})
+    out = run(helm, "upgrade", RELEASE, CHART, "--namespace", NS, "--no-hooks", "--reset-then-reuse-values",
+              kubeconfig=kc)
+    assert "STATUS: deployed" in out.stdout
+    data = core.read_namespaced_secret(SECRET, NS).data
+    assert {k: base64.b64decode(v).decode() for k, v in data.items()} == {"ak": "AKIA-GUIDE",
+                                                                          "sk": "guide-secret"}
