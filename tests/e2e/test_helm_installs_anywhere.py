@@ -177,6 +177,22 @@ def test_the_gke_quota_and_the_gitops_switches(helm):
     assert "NodeOverlay" not in kinds("--set", "gitops.enabled=true")
 
 
+def test_the_crd_upgrade_job_is_opt_in_and_may_touch_only_the_charts_crds(helm):
+    assert not [o for o in render(helm) if o["metadata"]["name"] == "tensor-fusion-crds"]
+    objs = [o for o in render(helm, "--set", "crds.upgradeJob=true")
+            if o["metadata"]["name"] == "tensor-fusion-crds"]
+    assert sorted(o["kind"] for o in objs) == ["ClusterRole", "ClusterRoleBinding", "Job", "ServiceAccount"]
+    assert all(o["metadata"]["annotations"]["helm.sh/hook"] == "pre-upgrade" for o in objs)
+    job = _find(objs, "Job", "tensor-fusion-crds")["spec"]["template"]["spec"]
+    assert job["containers"][0]["command"] == ["tf-extender", "crds", "apply"]  # the CRDs the image ships
+    rules = _find(objs, "ClusterRole", "tensor-fusion-crds")["rules"]
+    shipped = sorted(yaml.safe_load(p.read_text())["metadata"]["name"]
+                     for p in (CHART / "crds").glob("*.yaml"))
+    assert rules[1]["resourceNames"] == shipped and rules[0] == {
+        "apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+        "verbs": ["create"]}
+
+
 # ------------------------------------------------------------------------------------------- installs
 
 
@@ -340,8 +356,12 @@ def test_on_gke_the_quota_value_lets_the_pods_in(helm, cluster, e2e_binaries):
     assert core.read_namespaced_secret(SECRET, NS).data == {"ak": "", "sk": ""}
     core.patch_namespaced_secret(SECRET, NS, {"stringData": {"ak": "AKIA-GUIDE", "sk": "guide-secret"}})
     out = run(helm, "upgrade", RELEASE, CHART, "--namespace", NS, "--no-hooks", "--reset-then-reuse-values",
-              kubeconfig=kc)
+              "--set", "crds.upgradeJob=true", kubeconfig=kc)
     assert "STATUS: deployed" in out.stdout
+    # the pre-upgrade CRD Job, as its ServiceAccount (the hook's RBAC is all it may use): every CRD is the
+    # release's own, so each is updated or left unchanged, none refused
+    applied = hc.run_hook(cp, hc.hook_objects(helm, kc), job_name="tensor-fusion-crds")
+    assert "gpus.tensor-fusion.ai: unchanged" in applied and "refuse" not in applied, applied
     data = core.read_namespaced_secret(SECRET, NS).data
     assert {k: base64.b64decode(v).decode() for k, v in data.items()} == {"ak": "AKIA-GUIDE",
                                                                           "sk": "guide-secret"}

@@ -132,10 +132,10 @@ def hook_objects(helm: Path, kubeconfig: Path, release: str = RELEASE) -> list[d
     return [d for d in yaml.safe_load_all(out) if d]
 
 
-def run_hook(cp: ControlPlane, hooks: list[dict[str, Any]]) -> str:
+def run_hook(cp: ControlPlane, hooks: list[dict[str, Any]], job_name: str = "tensor-fusion-certs") -> str:
     """What Helm's hook would do: its RBAC objects, then the Job's command as the Job's ServiceAccount."""
     apply_objects(cp, [o for o in hooks if o["kind"] != "Job"], "helm-hook")
-    job = next(o for o in hooks if o["kind"] == "Job")
+    job = next(o for o in hooks if o["kind"] == "Job" and o["metadata"]["name"] == job_name)
     pod = job["spec"]["template"]["spec"]
     kubeconfig = sa_kubeconfig(cp, pod["serviceAccountName"])
     command = pod["containers"][0]["command"]
