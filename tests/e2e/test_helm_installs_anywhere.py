@@ -355,6 +355,7 @@ def test_on_gke_the_quota_value_lets_the_pods_in(helm, cluster, e2e_binaries):
     # TensorFusion's guide: "on an existing install update the Secret directly" (kubectl patch secret)
     assert core.read_namespaced_secret(SECRET, NS).data == {"ak": "", "sk": ""}
     core.patch_namespaced_secret(SECRET, NS, {"stringData": {"ak": "AKIA-GUIDE", "sk": "guide-secret"}})
+    hc.webhook_back_to_service(cp)
     out = run(helm, "upgrade", RELEASE, CHART, "--namespace", NS, "--no-hooks", "--reset-then-reuse-values",
               "--set", "crds.upgradeJob=true", kubeconfig=kc)
     assert "STATUS: deployed" in out.stdout

@@ -213,6 +213,22 @@ def start_release(
     return Running(port, web_port)
 
 
+def webhook_back_to_service(cp: ControlPlane) -> None:
+    """The installed clientConfig again (the Service, not start_release's loopback URL), so that a
+    ``helm upgrade``'s three-way merge sees what the chart rendered; the caBundle stays."""
+    from kubernetes import client
+
+    admission = client.AdmissionregistrationV1Api(cp.api_client())
+    current = admission.read_mutating_webhook_configuration("tensor-fusion-webhook")
+    admission.patch_mutating_webhook_configuration(
+        "tensor-fusion-webhook",
+        [{"op": "replace", "path": "/webhooks/0/clientConfig",
+          "value": {"service": {"name": "tensor-fusion-webhook", "namespace": NS, "path": "/mutate",
+                                "port": 443},
+                    "caBundle": current.webhooks[0].client_config.ca_bundle}}],
+    )
+
+
 def schedule_a_gpu_pod(cp: ControlPlane, namespace: str = "work") -> tuple[str, str]:
     """A GPUPool with one GPU on one node, and a GPU pod that names it: mutated by the release's webhook
     (sent to its scheduler) and placed through its extender. Answers (pool, node) once it is bound and the
