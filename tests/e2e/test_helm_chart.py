@@ -579,24 +579,7 @@ def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):
     helm_chart.schedule_a_gpu_pod(cp)
 
     # upgrade: new values reach the objects; the caBundle the hook set survives Helm's three-way merge
-    admission.patch_mutating_webhook_configuration(
-        "tensor-fusion-webhook",
-        [
-            {
-                "op": "replace",
-                "path": "/webhooks/0/clientConfig",
-                "value": {
-                    "service": {
-                        "name": "tensor-fusion-webhook",
-                        "namespace": NS,
-                        "path": "/mutate",
-                        "port": 443,
-                    },
-                    "caBundle": base64.b64encode(ca_pem).decode(),
-                },
-            }
-        ],
-    )
+    helm_chart.webhook_back_to_service(cp, ca_pem)
     out = _run(
         helm,
         "upgrade",

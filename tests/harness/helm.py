@@ -213,19 +213,21 @@ def start_release(
     return Running(port, web_port)
 
 
-def webhook_back_to_service(cp: ControlPlane) -> None:
+def webhook_back_to_service(cp: ControlPlane, ca_pem: bytes | None = None) -> None:
     """The installed clientConfig again (the Service, not start_release's loopback URL), so that a
-    ``helm upgrade``'s three-way merge sees what the chart rendered; the caBundle stays."""
+    ``helm upgrade``'s three-way merge sees what the chart rendered; the caBundle: ``ca_pem`` (the hook's
+    CA), else the one there."""
     from kubernetes import client
 
     admission = client.AdmissionregistrationV1Api(cp.api_client())
     current = admission.read_mutating_webhook_configuration("tensor-fusion-webhook")
+    bundle = base64.b64encode(ca_pem).decode() if ca_pem else current.webhooks[0].client_config.ca_bundle
     admission.patch_mutating_webhook_configuration(
         "tensor-fusion-webhook",
         [{"op": "replace", "path": "/webhooks/0/clientConfig",
           "value": {"service": {"name": "tensor-fusion-webhook", "namespace": NS, "path": "/mutate",
                                 "port": 443},
-                    "caBundle": current.webhooks[0].client_config.ca_bundle}}],
+                    "caBundle": bundle}}],
     )
 
 
