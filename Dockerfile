@@ -18,8 +18,11 @@ ARG BASE_IMAGE=python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352db
 ARG BUILD_IMAGE=${BASE_IMAGE}
 ARG VERSION=0.0.0
 
-# The target's base: only its file system is used, nothing runs in it.
+# The target's base: only its file system is used, nothing runs in it. (The instruction keeps buildah from
+# leaving the stage's working container behind, as it does for an empty stage.)
 FROM ${BASE_IMAGE} AS base
+ARG BASE_IMAGE
+LABEL org.opencontainers.image.base.name="${BASE_IMAGE}"
 
 FROM --platform=${BUILDPLATFORM} ${BUILD_IMAGE} AS build
 ARG TARGETARCH
@@ -44,11 +47,13 @@ RUN python imagebuild.py rootfs /rootfs
 
 FROM scratch
 ARG VERSION
+ARG BASE_IMAGE
 COPY --from=build /rootfs/ /
 COPY --from=build /opt/venv /opt/venv
 COPY manifests/crds/tensor-fusion.ai_*.yaml /opt/venv/share/tensor-fusion-extender/crds/
 LABEL org.opencontainers.image.title="tensor-fusion-extender" \
       org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.base.name="${BASE_IMAGE}" \
       org.opencontainers.image.description="Fractional GPU placement for Kubernetes: scheduler extender and admission webhook"
 ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     LANG=C.UTF-8 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1

@@ -153,7 +153,9 @@ def build_image(source: Path, version: str, dist: Path | None, base_image: str |
     stage's image. With ``dist``, the list and every image in it are also written there as an OCI archive."""
     tag = f"{name}:{version}"
     env = container_env()
-    _run(["buildah", "rmi", tag], env=env, check=False)  # a list of an earlier build of this version
+    # an earlier build of this version: a manifest list, or a single image of an older build
+    _run(["buildah", "manifest", "rm", tag], env=env, check=False)
+    _run(["buildah", "rmi", tag], env=env, check=False)
     _run(["buildah", "manifest", "create", tag], env=env)
     for plat in platforms or PLATFORMS:
         argv: list[str | Path] = ["buildah", "bud", "--network", "host", "--layers", "--platform", plat,

@@ -36,7 +36,7 @@ from tools import release
 pytestmark = pytest.mark.e2e
 
 VERSION = "0.0.1.dev29"  # a version no checkout carries: --version must print what the build stamped
-IMAGE = "localhost/tensor-fusion-extender-e2e"
+IMAGE = "localhost/tensor-fusion-extender-e2e-multiarch"  # a manifest list
 COMMANDS = ("tf-extender", "tf-webhook", "tf-certs", "kubectl-tf")
 
 
