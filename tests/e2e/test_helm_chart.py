@@ -116,6 +116,9 @@ def _container(objs: list[dict[str, Any]], kind: str, name: str, container: str)
         ["--set", "tls.mode=cert-manager"],
         ["--set", "placement.defaultPool.create=true", "--set", "cluster.enabled=false"],
         ["--set", "karpenter.nodeOverlay=true"],
+        ["--set", "gitops.enabled=true", "--set", "gitops.defaultObjects=true"],
+        ["--set", "priorityClass.resourceQuota=true", "--set", "crds.upgradeJob=true",
+         "--set", "global.imageRegistry=registry.example"],
     ],
 )
 def test_lint(helm, values):
