@@ -332,6 +332,7 @@ def test_on_gke_the_quota_value_lets_the_pods_in(helm, cluster, e2e_binaries):
               kubeconfig=kc)
     notes = out.stdout.split("NOTES:")[-1]  # nothing to install that is not published; the guide's patch
     assert "pipx" not in notes and "patch secret tf-cloud-vendor-credentials" in notes
+    assert "image.repository is the bare name tensor-fusion-extender, which resolves to no published" in notes
     message = cpl.wait_until(refused, 60, what="GKE's quota rule to refuse the chart's pods")
     assert "insufficient quota to match these scopes" in message
     assert pods("tensor-fusion-scheduler") == 0
