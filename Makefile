@@ -62,12 +62,14 @@ demo: venv control-plane
 bench: venv control-plane
 	$(BIN)/python -m bench.run $(if $(QUICK),--quick,)
 
-## make release [VERSION=x.y.z]: image (buildah), chart package (helm) and wheel of one version, in dist/;
-## VERSION defaults to pyproject.toml's. BASE_IMAGE=... builds the image from another base.
+## make release [VERSION=x.y.z]: image for linux/amd64 and linux/arm64 (buildah, no emulation), chart package
+## (helm), wheel, SBOM and SHA256SUMS of one version, in dist/, each signed where cosign is installed
+## (COSIGN_KEY, else keyless); docs/release.md. VERSION defaults to pyproject.toml's. BASE_IMAGE=... builds
+## the image from another base; PLATFORMS="linux/arm64" builds only those.
 release: venv
 	$(BIN)/python -m tools.release $(if $(VERSION),--version $(VERSION),) \
 	  --helm "$$(bash tests/harness/build-control-plane.sh helm | sed -n 's/^export TF_BIN_HELM=//p')" \
-	  $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE),)
+	  $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE),) $(foreach p,$(PLATFORMS),--platform $(p))
 
 clean:
 	rm -rf $(VENV) $(LOWEST_VENV) build dist *.egg-info .mypy_cache .pytest_cache .ruff_cache

@@ -44,6 +44,17 @@ from extender.common.options import duration
 PART_OF = "tensor-fusion-extender"
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 DEFAULT_FILES = "manifests/crds"
+# Where the image (and an install from it) ships them: <prefix>/share/tensor-fusion-extender/crds
+SHARED_FILES = Path(sys.prefix) / "share" / "tensor-fusion-extender" / "crds"
+
+
+def default_files() -> str:
+    """manifests/crds in a checkout (the working directory), else the copy installed beside the program
+    (the image's /opt/venv/share/tensor-fusion-extender/crds), so `tf-extender crds apply` in the image
+    finds the CRDs it ships with no -f."""
+    if not Path(DEFAULT_FILES).exists() and SHARED_FILES.is_dir():
+        return str(SHARED_FILES)
+    return DEFAULT_FILES
 # The cluster's copy is walked with bounds: no real CRD schema comes near them.
 MAX_SCHEMA_DEPTH = 64
 MAX_SCHEMA_FIELDS = 50_000
@@ -220,7 +231,8 @@ def add_crds_arguments(parser: argparse.ArgumentParser) -> None:
                        ("apply", "create or update the CRDs, only if none is refused")):
         sub = actions.add_parser(name, help=text)
         sub.add_argument("-f", "--filename", action="append", default=None,
-                         help=f"a CRD file or a folder of them (repeatable; default {DEFAULT_FILES})")
+                         help=f"a CRD file or a folder of them (repeatable; default {DEFAULT_FILES}, else "
+                              "the copy installed with the program, as in the image)")
         sub.add_argument("--kubeconfig", default=None,
                          help="kubeconfig file (default: in-cluster service account, else ~/.kube/config)")
         sub.add_argument("--context", default=None,
@@ -238,11 +250,11 @@ def main_crds(args: argparse.Namespace, out: Any = None) -> int:
     out = out or sys.stdout
     prog = f"tf-extender crds {args.crds_action}"
     try:
-        crds = read_crds(args.filename or [DEFAULT_FILES])
+        crds = read_crds(args.filename or [default_files()])
     except (OSError, yaml.YAMLError) as exc:
         return fail(prog, f"cannot read the CRDs: {describe(exc)}", EXIT_USAGE)
     if not crds:
-        return fail(prog, f"no CustomResourceDefinition in {', '.join(args.filename or [DEFAULT_FILES])}",
+        return fail(prog, f"no CustomResourceDefinition in {', '.join(args.filename or [default_files()])}",
                     EXIT_USAGE)
     try:
         api = load_api_client(args.kubeconfig, context=getattr(args, "context", None))

@@ -177,7 +177,12 @@ SDK_MODULES = (
 async def _load_sdk() -> None:
     """Import the SDK off the event loop: its ECS client and models take over a second to import, and the
     extender's loop serves kube-scheduler meanwhile."""
-    await asyncio.to_thread(lambda: [importlib.import_module(name) for name in SDK_MODULES])
+    try:
+        await asyncio.to_thread(lambda: [importlib.import_module(name) for name in SDK_MODULES])
+    except ImportError as exc:  # installed without the [alibaba] extra
+        from extender.cloud.factory import missing_extra
+
+        raise missing_extra("alibaba", exc) from None
 
 
 class AlibabaProvider:

@@ -98,6 +98,8 @@ def read_vendor_file(path: str) -> VendorConfig:
 
 
 DEFAULT_KEY_DIR = "/tmp"  # TensorFusion's chart mounts its Secret at /tmp/secret
+# Every install has that Secret, its keys empty until they are set (the chart; manifests/)
+NOT_CONFIGURED = "set ak and sk in the Secret tf-cloud-vendor-credentials, or the Secret mounted at that path"
 
 
 ENDPOINT_KEYS = ("endpoint", "vpcEndpoint")  # the extraParams that point a cloud client at a host
@@ -196,7 +198,8 @@ class KeyFiles:
             try:
                 st = os.stat(path)
             except OSError as exc:  # a Secret mounted without that key, or not mounted
-                raise AuthFailure("CredentialFileMissing", f"params.{what} {path}: {exc.strerror}") from exc
+                raise AuthFailure("CredentialFileMissing", f"params.{what} {path}: {exc.strerror}: the key "
+                                  f"is not configured ({NOT_CONFIGURED})") from exc
             out.append((st.st_mtime, st.st_size))
         return tuple(out)
 
@@ -214,7 +217,8 @@ class KeyFiles:
                 with open(path, encoding="utf-8") as handle:
                     value = handle.read().strip()
                 if not value:
-                    raise AuthFailure("CredentialFileEmpty", f"params.{what} {path} is empty")
+                    raise AuthFailure("CredentialFileEmpty", f"params.{what} {path} is empty: the key is not "
+                                      f"configured ({NOT_CONFIGURED})")
                 keys.append(value)
             self._keys = (keys[0], keys[1])
             self._stamp = stamp

@@ -24,7 +24,7 @@ CAP = {"tflops": "100", "vram": "100Gi"}
 @pytest.fixture(scope="module")
 def gated(e2e_binaries, tmp_path_factory):
     cp = cpl.ControlPlane(tmp_path_factory.mktemp("gated"), e2e_binaries,
-                          apiserver_flags=(GATES, "--runtime-config=scheduling.k8s.io/v1alpha2=true"))
+                          apiserver_args=[GATES, "--runtime-config=scheduling.k8s.io/v1alpha2=true"])
     started: list[Any] = []
     try:
         cp.start()

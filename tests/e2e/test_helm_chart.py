@@ -32,9 +32,6 @@ import argparse
 import base64
 import contextlib
 import json
-import subprocess
-import tempfile
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -43,49 +40,21 @@ import yaml
 from kubernetes import client
 
 from tests import harness as cpl
+from tests.harness import helm as helm_chart
+from tests.harness.helm import CHART, NS, RELEASE, render
+from tests.harness.helm import hook_objects as _hook_objects
+from tests.harness.helm import is_hook as _is_hook
+from tests.harness.helm import run as _run
+from tests.harness.helm import run_hook as _run_hook
 
 pytestmark = pytest.mark.e2e
 
-CHART = cpl.REPO_ROOT / "charts" / "tensor-fusion-extender"
-NS = cpl.PROJECT_NAMESPACE
-RELEASE = "tfe"
-HOOK = "helm.sh/hook"
-HELM_HOME = Path(tempfile.gettempdir()) / "tf-e2e-helm-home"  # helm's config and cache, not the user's
 KUBE_VERSION = cpl.KUBE_VERSION  # helm template/lint render for it, as helm install does for its cluster
 
 
 @pytest.fixture(scope="module")
 def helm(e2e_binaries) -> Path:
-    binary = e2e_binaries.get("helm")
-    if binary is None or not binary.exists():
-        binaries = cpl.build_binaries(["helm"])
-        binary = binaries["helm"]
-    return binary
-
-
-def _run(
-    helm: Path, *args: str | Path, check: bool = True, kubeconfig: Path | None = None, timeout: float = 180
-) -> subprocess.CompletedProcess[str]:
-    argv = [str(helm), *map(str, args)]
-    if argv[1] in ("template", "lint") and "--kube-version" not in argv:
-        argv += ["--kube-version", KUBE_VERSION]
-    if kubeconfig is not None:
-        argv += ["--kubeconfig", str(kubeconfig)]
-    out = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={"HOME": str(HELM_HOME), "PATH": "/usr/bin:/bin"},
-    )
-    if check and out.returncode != 0:
-        raise AssertionError(f"{' '.join(argv)} failed ({out.returncode}):\n{out.stderr}\n{out.stdout}")
-    return out
-
-
-def render(helm: Path, *args: str) -> list[dict[str, Any]]:
-    out = _run(helm, "template", RELEASE, CHART, "--namespace", NS, *args).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+    return helm_chart.helm_binary(e2e_binaries)
 
 
 def _key(obj: dict[str, Any]) -> str:
@@ -127,10 +96,6 @@ def assert_same_objects(manifests: list[dict[str, Any]], chart: list[dict[str, A
     assert not problems, "chart and manifests differ:\n" + "\n".join(problems)
 
 
-def _is_hook(obj: dict[str, Any]) -> bool:
-    return HOOK in (obj["metadata"].get("annotations") or {})
-
-
 def _find(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     return next(o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name)
 
@@ -151,6 +116,9 @@ def _container(objs: list[dict[str, Any]], kind: str, name: str, container: str)
         ["--set", "tls.mode=cert-manager"],
         ["--set", "placement.defaultPool.create=true", "--set", "cluster.enabled=false"],
         ["--set", "karpenter.nodeOverlay=true"],
+        ["--set", "gitops.enabled=true", "--set", "gitops.defaultObjects=true"],
+        ["--set", "priorityClass.resourceQuota=true", "--set", "crds.upgradeJob=true",
+         "--set", "global.imageRegistry=registry.example"],
     ],
 )
 def test_lint(helm, values):
@@ -158,8 +126,26 @@ def test_lint(helm, values):
     assert "0 chart(s) failed" in out.stdout
 
 
+def _as_manifests(chart: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The two deliberate differences taken out: the scheduler pod's checksum/config annotation (a changed
+    configuration rolls kube-scheduler; the manifests' fixed ConfigMap needs a restart) and the Secret's empty
+    keys (Helm writes it once; manifests/ are applied again and again, so theirs has no keys to overwrite)."""
+    out = []
+    for obj in chart:
+        if obj["kind"] == "Deployment" and obj["metadata"]["name"] == "tensor-fusion-scheduler":
+            meta = obj["spec"]["template"]["metadata"]
+            assert set(meta.pop("annotations")) == {"checksum/config"}
+        if obj["kind"] == "Secret" and obj["metadata"]["name"] == VENDOR_SECRET:
+            assert obj.pop("data") == {"ak": "", "sk": ""}
+            del obj["metadata"]["annotations"]["helm.sh/resource-policy"]
+            if not obj["metadata"]["annotations"]:
+                del obj["metadata"]["annotations"]
+        out.append(obj)
+    return out
+
+
 def test_default_render_is_manifests_plus_the_tls_hook(helm):
-    chart = render(helm, "--include-crds")
+    chart = _as_manifests(render(helm, "--include-crds"))
     manifests = [o for o in cpl.render_kustomization(cpl.MANIFESTS) if o["kind"] != "Namespace"]
     manifests += cpl.render_kustomization(cpl.MANIFESTS / "defaults")
     manifests += cpl.render_kustomization(cpl.CRDS_DIR)  # the chart's crds/: manifests/crds, kept apart
@@ -400,10 +386,17 @@ VENDOR_KEYS = ("--set", "cloudVendorCredentials.accessKey=AKIA-INSTALL",
 
 
 def test_cloud_vendor_credentials_secret_and_mount(helm):
-    """TensorFusion's Secret (ak, sk) only with real keys; mounted read-only and optional into the extender,
-    at /tmp/secret unless told."""
+    """TensorFusion's Secret (ak, sk) in every install, empty keys unless given (so TensorFusion's guide can
+    patch it), never "dummy"; mounted read-only and optional into the extender, at /tmp/secret unless told.
+    Under gitops.enabled it has no keys unless given, so applying it again keeps keys set in the cluster."""
     defaults = render(helm)
-    assert not [o for o in defaults if o["kind"] == "Secret" and o["metadata"]["name"] == VENDOR_SECRET]
+    empty = _find(defaults, "Secret", VENDOR_SECRET)
+    assert empty["data"] == {"ak": "", "sk": ""}
+    assert empty["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert "data" not in _find(render(helm, "--set", "gitops.enabled=true"), "Secret", VENDOR_SECRET)
+    given = _find(render(helm, "--set", "gitops.enabled=true", *VENDOR_KEYS), "Secret", VENDOR_SECRET)
+    assert {k: base64.b64decode(v).decode() for k, v in given["data"].items()} == {
+        "ak": "AKIA-INSTALL", "sk": "secret-install"}
     ext = _container(defaults, "Deployment", "tensor-fusion-scheduler", "extender")
     assert {"name": "cloud-vendor-credentials", "mountPath": "/tmp/secret", "readOnly": True} in ext[
         "volumeMounts"]
@@ -500,71 +493,12 @@ def helm_cluster(e2e_binaries, tmp_path_factory):
         cp.stop()
 
 
-def _local(
-    cp: cpl.ControlPlane, started: list[cpl.ManagedProcess], name: str, command: list[str], extra: list[str]
-) -> cpl.ManagedProcess:
-    """The container's exact command line, as a local process, plus the overrides a laptop needs."""
-    proc = cp.registry.start(name, [str(cpl.console_script(command[0])), *command[1:], *extra], cp.log_dir)
-    started.append(proc)
-    return proc
-
-
-def sa_kubeconfig(cp: cpl.ControlPlane, name: str) -> Path:
-    """A kubeconfig with a token of ServiceAccount NS/name from the TokenRequest API (the ServiceAccount the
-    chart created), so the chart's RBAC bindings decide what it may do. (A client certificate cannot carry
-    system:serviceaccount:tensor-fusion-sys:tensor-fusion-scheduler: a CN has at most 64 characters.)"""
-    core = client.CoreV1Api(cp.api_client())
-    token = core.create_namespaced_service_account_token(
-        name, NS, {"spec": {"expirationSeconds": 3600}}
-    ).status.token
-    cfg = yaml.safe_load(cp.kubeconfig.read_text())
-    cfg["users"] = [{"name": name, "user": {"token": token}}]
-    cfg["contexts"][0]["context"]["user"] = name
-    path = cp.workdir / f"sa-token-{name}.kubeconfig"
-    path.write_text(yaml.safe_dump(cfg))
-    path.chmod(0o600)
-    return path
-
-
 def _gone(read: Any) -> bool:
     try:
         read()
     except client.ApiException as exc:
         return exc.status == 404
     return False
-
-
-def _hook_objects(helm: Path, kubeconfig: Path) -> list[dict[str, Any]]:
-    out = _run(helm, "get", "hooks", RELEASE, "--namespace", NS, kubeconfig=kubeconfig).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
-
-
-def _run_hook(cp: cpl.ControlPlane, hooks: list[dict[str, Any]]) -> str:
-    """What Helm's hook would do: its RBAC objects, then the Job's command as the Job's ServiceAccount."""
-    api = cp.api_client()
-    from kubernetes.dynamic import DynamicClient
-
-    dyn = DynamicClient(api)
-    for obj in hooks:
-        if obj["kind"] == "Job":
-            continue
-        res = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-        res.server_side_apply(
-            body=obj,
-            name=obj["metadata"]["name"],
-            namespace=obj["metadata"].get("namespace"),
-            field_manager="helm-hook",
-            force_conflicts=True,
-        )
-    job = next(o for o in hooks if o["kind"] == "Job")
-    pod = job["spec"]["template"]["spec"]
-    kubeconfig = sa_kubeconfig(cp, pod["serviceAccountName"])
-    command = pod["containers"][0]["command"]
-
-    def attempt() -> str:  # RBAC takes a moment to count after the bindings are created
-        return cpl.run_console_script(command[0], *command[1:], "--kubeconfig", kubeconfig)
-
-    return cpl.wait_until(attempt, 20, interval=0.5, what="the tf-certs hook to succeed")
 
 
 def _prepare_crds(cp: cpl.ControlPlane, e2e_binaries: dict[str, Path]) -> None:
@@ -643,120 +577,12 @@ def test_install_schedule_upgrade_uninstall(helm, helm_cluster, e2e_binaries):
     config = admission.read_mutating_webhook_configuration("tensor-fusion-webhook")
     assert base64.b64decode(config.webhooks[0].client_config.ca_bundle) == ca_pem
 
-    # the installed processes, run locally
-    deploy = {o["metadata"]["name"]: o for o in installed if o["kind"] == "Deployment"}
-    sched_pod = deploy["tensor-fusion-scheduler"]["spec"]["template"]["spec"]
-    ext = next(c for c in sched_pod["containers"] if c["name"] == "extender")
-    sa_kc = sa_kubeconfig(cp, sched_pod["serviceAccountName"])
-    port = cpl.free_port()
-    # every metrics listener gets a free port too: in a pod it is the pod's own, here all share loopback
-    extender = _local(
-        cp, started, "chart-extender", ext["command"],
-        [f"--port={port}", f"--metrics-port={cpl.free_port()}", f"--kubeconfig={sa_kc}"],
-    )
-    cpl.wait_until(
-        lambda: cpl.http_ready(f"http://127.0.0.1:{port}/readyz", extender), 60, what="the chart's extender"
-    )
-    cm = core.read_namespaced_config_map("tensor-fusion-scheduler-config", NS)
-    sched_cfg = cp.workdir / "chart-scheduler-config.yaml"
-    sched_cfg.write_text(cm.data["kube-scheduler-config.yaml"])
-    cfg = cpl.scheduler_config(sa_kc, f"http://127.0.0.1:{port}/scheduler", source=sched_cfg)
-    started.append(
-        cpl.start_scheduler(cp, e2e_binaries["kube-scheduler"], "", name="chart-scheduler", config=cfg)
-    )
-    started.append(cpl.start_kwok(cp, e2e_binaries["kwok"], e2e_binaries["kwok-stages"], name="chart-kwok"))
-
-    web_pod = deploy["tensor-fusion-webhook"]["spec"]["template"]["spec"]
-    web = web_pod["containers"][0]
-    cert_dir = cp.workdir / "chart-webhook-certs"  # loopback certificate: no Service network here
-    cpl.run_console_script(
-        "tf-certs", "generate", "--out-dir", cert_dir, "--dns", "localhost", "--ip", "127.0.0.1"
-    )
-    web_port = cpl.free_port()
-    web_kc = sa_kubeconfig(cp, web_pod["serviceAccountName"])
-    webhook = _local(
-        cp,
-        started,
-        "chart-webhook",
-        web["command"],
-        [
-            f"--port={web_port}",
-            f"--metrics-port={cpl.free_port()}",
-            "--bind-address=127.0.0.1",
-            f"--cert-dir={cert_dir}",
-            f"--kubeconfig={web_kc}",
-        ],
-    )
-    cpl.wait_until(
-        lambda: cpl.https_ready(f"https://127.0.0.1:{web_port}/readyz", cert_dir / "ca.crt", webhook),
-        60,
-        what="the chart's webhook",
-    )
-    admission.patch_mutating_webhook_configuration(
-        "tensor-fusion-webhook",
-        [
-            {
-                "op": "replace",
-                "path": "/webhooks/0/clientConfig",
-                "value": {
-                    "url": f"https://127.0.0.1:{web_port}/mutate",
-                    "caBundle": base64.b64encode((cert_dir / "ca.crt").read_bytes()).decode(),
-                },
-            }
-        ],
-    )
-
-    pool = f"helm-{uuid.uuid4().hex[:6]}"
-    cpl.create_cluster_object(
-        api,
-        "gpupools",
-        {
-            "apiVersion": f"{cpl.TF_GROUP}/{cpl.TF_VERSION}",
-            "kind": "GPUPool",
-            # named by the pod: the chart's TensorFusionCluster has the default pool
-            "metadata": {"name": pool},
-            "spec": {},
-        },
-    )
-    cpl.create_gpu(api, f"{pool}-gpu-0", f"{pool}-node", pool=pool, tflops="100", vram="40Gi")
-    cpl.create_node(api, f"{pool}-node")
-    cpl.wait_for_webhook_pool(api, pool, timeout=60)
-    core.create_namespace({"metadata": {"name": "work"}})
-    cpl.create_pod(api, "work", cpl.gpu_pod_body("train", pool=pool, tflops="30", vram="10Gi"))
-    node, gpus = cpl.placement(api, "work", "train", timeout=90)
-    assert (node, gpus) == (f"{pool}-node", [f"{pool}-gpu-0"])
-    pod = core.read_namespaced_pod("train", "work")
-    assert pod.spec.scheduler_name == "tensor-fusion-scheduler"  # mutated by the chart's webhook
-    cpl.wait_until(
-        lambda: (
-            custom.get_cluster_custom_object(cpl.TF_GROUP, cpl.TF_VERSION, "gpus", f"{pool}-gpu-0")["status"][
-                "available"
-            ]
-            == {"tflops": "70", "vram": "30Gi"}
-        ),
-        30,
-        what="the chart's extender (default --write-gpu-status, chart RBAC) to write GPU status",
-    )
+    # the installed processes, run locally, and a GPU pod placed through them
+    helm_chart.start_release(cp, started, installed, e2e_binaries)
+    helm_chart.schedule_a_gpu_pod(cp)
 
     # upgrade: new values reach the objects; the caBundle the hook set survives Helm's three-way merge
-    admission.patch_mutating_webhook_configuration(
-        "tensor-fusion-webhook",
-        [
-            {
-                "op": "replace",
-                "path": "/webhooks/0/clientConfig",
-                "value": {
-                    "service": {
-                        "name": "tensor-fusion-webhook",
-                        "namespace": NS,
-                        "path": "/mutate",
-                        "port": 443,
-                    },
-                    "caBundle": base64.b64encode(ca_pem).decode(),
-                },
-            }
-        ],
-    )
+    helm_chart.webhook_back_to_service(cp, ca_pem)
     out = _run(
         helm,
         "upgrade",
@@ -869,6 +695,8 @@ EVERY_EXTENDER_VALUE = {
     "autoscale.tflopsQuery": "tflops_q", "autoscale.vramQuery": "vram_q", "autoscale.prometheusStep": "1m",
     "autoscale.prometheusMaxPoints": "200",
     "extender.tensorFusionClusterInterval": "1m", "extender.gpuNodeInterval": "10s",
+    "extender.gpuQuotas": "false", "extender.gpuQuotaStatusInterval": "20s", "extender.gangScheduling": "false",
+    "extender.gangReserveTimeout": "2m", "extender.instanceTopologyConfigMap": "ns/topology",
 }
 
 
@@ -1033,3 +861,9 @@ def test_the_catalog_configmap_is_read_by_name_in_its_namespace_only(helm):
     assert ("", "configmaps", "get", "gpu-catalogs[catalog]") in verbs
     assert [v for v in verbs if v[1] == "configmaps"] == [("", "configmaps", "get", "gpu-catalogs[catalog]")]
     assert not [v for v in granted(render(helm)) if v[1] == "configmaps"]
+
+
+def test_the_instance_topology_configmap_is_watched_by_name_in_its_namespace_only(helm):
+    verbs = granted(render(helm, "--set", "extender.instanceTopologyConfigMap=gpu-topo/table"))
+    assert sorted(v for v in verbs if v[1] == "configmaps") == [
+        ("", "configmaps", verb, "gpu-topo[table]") for verb in ("get", "list", "watch")]

@@ -36,7 +36,7 @@ from tools import release
 pytestmark = pytest.mark.e2e
 
 VERSION = "0.0.1.dev29"  # a version no checkout carries: --version must print what the build stamped
-IMAGE = "localhost/tensor-fusion-extender-e2e"
+IMAGE = "localhost/tensor-fusion-extender-e2e-multiarch"  # a manifest list
 COMMANDS = ("tf-extender", "tf-webhook", "tf-certs", "kubectl-tf")
 
 
@@ -55,10 +55,13 @@ def image_tools() -> None:
 
 @pytest.fixture(scope="module")
 def built_image(image_tools, tmp_path_factory) -> str:
-    """The image of the committed tree stamped with VERSION (as ``make release`` stages it)."""
-    base = image.base_stand_in()
+    """The image of the committed tree stamped with VERSION (as ``make release`` stages it), for both
+    platforms, into one manifest list; each platform from its own stand-in base, the build stage on this
+    machine's."""
+    bases = {f"linux/{arch}": image.base_stand_in(arch) for arch in ("amd64", "arm64")}
     source = release.stage(release.ROOT, VERSION, tmp_path_factory.mktemp("image") / "source")
-    return release.build_image(source, VERSION, None, base_image=base, name=IMAGE)
+    return release.build_image(source, VERSION, None, name=IMAGE, base_images=bases,
+                               builder=bases[f"linux/{image.native_arch()}"])
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +80,70 @@ def test_the_image_carries_the_version_and_every_command_prints_it(built_image, 
     for command in COMMANDS:
         out = container.run([command, "--version"])
         assert out.stdout.strip() == f"{command} {VERSION}", out.stderr
+
+
+def _instances(built_image: str) -> dict[str, str]:
+    """architecture -> image digest, from the manifest list."""
+    listed = json.loads(image.run(["buildah", "manifest", "inspect", built_image]).stdout)
+    return {m["platform"]["architecture"]: m["digest"] for m in listed["manifests"]}
+
+
+ELF_MACHINE = {"amd64": 62, "arm64": 183}  # e_machine of x86-64 and AArch64
+
+
+def test_the_manifest_list_has_amd64_and_arm64_each_with_its_own_binaries(built_image):
+    instances = _instances(built_image)
+    assert sorted(instances) == ["amd64", "arm64"]
+    for arch, digest in instances.items():
+        box = image.ImageContainer(f"{IMAGE}@{digest}")
+        try:
+            root = Path(image.run(["buildah", "mount", box.id]).stdout.strip())
+            try:
+                site = root / "opt/venv/lib/python3.11/site-packages"
+                compiled = sorted(site.glob("numpy/_core/_multiarray_umath*.so"))
+                assert compiled, f"{arch}: numpy's extension module"
+                header = compiled[0].read_bytes()[:20]
+                machine = int.from_bytes(header[18:20], "little")
+                assert header[:4] == b"\x7fELF" and machine == ELF_MACHINE[arch], (arch, machine)
+                # no pip or setuptools anywhere: the runtime needs neither
+                found = [p for lib in ("usr/lib", "usr/local/lib", "opt/venv/lib")
+                         for p in (root / lib).glob("python3*/**/*")
+                         if p.name.split("-")[0] in ("pip", "setuptools", "pkg_resources")]
+                assert not found, found[:5]
+                assert not list((root / "opt/venv/bin").glob("pip*"))
+                crds = sorted(p.name for p in (root / "opt/venv/share/tensor-fusion-extender/crds").iterdir())
+                assert crds == sorted(p.name for p in cpl.CRDS_DIR.glob("tensor-fusion.ai_*.yaml"))
+                assert "tensorfusion:x:65532:65532:" in (root / "etc/passwd").read_text()
+            finally:
+                image.run(["buildah", "umount", box.id], check=False)
+        finally:
+            box.remove()
+        config = json.loads(image.run(["buildah", "inspect", "--type", "image", f"{IMAGE}@{digest}"]).stdout)
+        assert config["OCIv1"]["architecture"] == arch and config["OCIv1"]["config"]["User"] == "65532:65532"
+
+
+def test_the_runtime_has_no_pip_knows_legacy_zones_and_finds_its_crds(container):
+    for module in ("pip", "setuptools"):
+        out = container.run(["python", "-c", f"import {module}"], check=False)
+        assert out.returncode != 0 and "ModuleNotFoundError" in out.stderr
+    zone = container.run(["python", "-c", "import zoneinfo; print(zoneinfo.ZoneInfo('US/Central'))"])
+    assert zone.stdout.strip() == "US/Central"  # tzdata, as TensorFusion's Go binary accepts it
+    where = container.run(["python", "-c",
+                           "from extender.crds_cmd import default_files; print(default_files())"])
+    assert where.stdout.strip() == "/opt/venv/share/tensor-fusion-extender/crds"
+
+
+def test_crds_apply_from_the_image_with_no_files_given(container, control_plane):
+    """What the chart's pre-upgrade Job runs (crds.upgradeJob): the CRDs the image ships, against a cluster
+    that has the project's CRDs: each is ours, so nothing is refused."""
+    kubeconfig = _portable_kubeconfig(control_plane.kubeconfig,
+                                      control_plane.workdir / f"image-crds-{uuid.uuid4().hex[:6]}")
+    out = image.run(container.argv(["tf-extender", "crds", "apply", "--kubeconfig", "/config/kubeconfig"],
+                                   volumes=[f"{kubeconfig.parent}:/config:ro"]), check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("gpus.tensor-fusion.ai: ") for line in lines), lines
+    assert not [line for line in lines if ": refuse" in line]
 
 
 def _portable_kubeconfig(source: Path, folder: Path) -> Path:

@@ -85,3 +85,19 @@ def test_a_bad_version_is_refused_in_one_line(tmp_path, capsys):
     assert release.main(["--version", "one", "--dist", str(tmp_path), "--skip-image"]) == 1
     assert capsys.readouterr().err == ("release: VERSION='one' is not a release version such as 1.2.3, "
                                        "1.2.3rc1 or 1.2.3.dev4\n")
+
+
+def test_the_sbom_and_the_checksums_come_with_the_artefacts(dist):
+    import hashlib
+    import json
+
+    sbom = json.loads((dist / f"tensor-fusion-extender-{VERSION}.spdx.json").read_text())
+    assert sbom["spdxVersion"] == "SPDX-2.3"
+    names = {p["name"] for p in sbom["packages"]}
+    assert {"tensor-fusion-extender", "aiohttp", "kubernetes", "tzdata"} <= names
+    sums = dict(line.split("  ")[::-1] for line in (dist / "SHA256SUMS").read_text().splitlines())
+    assert set(sums) == {f"tensor_fusion_extender-{VERSION}-py3-none-any.whl",
+                         f"tensor-fusion-extender-{CHART_VERSION}.tgz",
+                         f"tensor-fusion-extender-{VERSION}.spdx.json"}
+    for name, digest in sums.items():
+        assert hashlib.sha256((dist / name).read_bytes()).hexdigest() == digest

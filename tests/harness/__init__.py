@@ -21,6 +21,7 @@ its own process group with its log in ``<workdir>/logs/<name>.log``. One module 
 - ``provisioned``   what the Provisioned-mode modules share: a cloud-init stand-in, a pool and its teardown
 - ``prometheus``    a real Prometheus, for the usage tests
 - ``image``         the container image, built with buildah and run with podman
+- ``helm``          the chart: helm, renders, and a release run without kubelets
 - ``promql``        the PromQL of the shipped alerts and dashboard, and the metric names it reads
 
 This package re-exports the first seven modules' names, so a test module reads ``from tests import harness``

@@ -34,8 +34,8 @@ class ControlPlane:
     workdir: Path
     binaries: dict[str, Path]
     registry: ProcessRegistry = field(default_factory=lambda: PROCESSES)
-    # more kube-apiserver flags (feature gates, runtime-config) for a control plane of a test module's own
-    apiserver_flags: tuple[str, ...] = ()
+    # more kube-apiserver flags, e.g. --admission-control-config-file for a managed cluster's admission rules
+    apiserver_args: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
@@ -144,7 +144,7 @@ class ControlPlane:
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
                 "--v=1",
-                *self.apiserver_flags,
+                *self.apiserver_args,
             ],
             self.log_dir,
         )

@@ -3,7 +3,8 @@
 The Dockerfile's base is a build argument (``BASE_IMAGE``, by default the official ``python:3.11-slim``).
 No registry is reachable here, so the tests build from a stand-in of that base: a minimal Debian bookworm
 bootstrapped with ``debootstrap`` (python3 3.11, python3-venv for ``python -m venv`` and its pip, and a
-``python`` on PATH as the official image has), imported as a local image. The bootstrapped root file system
+``python`` on PATH as the official image has), imported as a local image, one per architecture (amd64 and
+arm64: the arm64 one is unpacked without running anything of it). The bootstrapped root file system
 is cached under the binary cache (``<TF_CACHE_DIR>/image/``), so only the first run pays for it (about two
 minutes); the import into buildah's storage is redone when the storage lacks it.
 """
@@ -21,7 +22,7 @@ SUITE = "bookworm"  # Debian 12: python3 is 3.11, the official base's minor vers
 MIRROR = os.environ.get("TF_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = ("python3", "python3-venv", "ca-certificates")
 BASE_STAND_IN = f"localhost/tensor-fusion-extender-base:python3.11-{SUITE}"
-TOOLS = ("buildah", "podman", "debootstrap")
+TOOLS = ("buildah", "podman", "debootstrap", "dpkg-deb")
 PATH = "/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
@@ -51,20 +52,34 @@ def run(argv: Sequence[str | Path], timeout: float = 900, check: bool = True,
     return proc
 
 
-def rootfs_tarball() -> Path:
-    """The bootstrapped stand-in's root file system as a tarball, built once (under a lock: parallel test
-    workers build it once)."""
+def native_arch() -> str:
+    machine = os.uname().machine
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+
+
+def rootfs_tarball(arch: str | None = None) -> Path:
+    """The bootstrapped stand-in's root file system for ``arch`` (default this machine's) as a tarball,
+    built once (under a lock: parallel test workers build it once). Another architecture's is bootstrapped
+    without running anything of it: debootstrap's first stage (--foreign) unpacks the essential packages,
+    the rest are unpacked with dpkg-deb, and no maintainer script runs (none is needed to run python3)."""
+    arch = arch or native_arch()
+    foreign = arch != native_arch()
     root = cache_dir()
     root.mkdir(parents=True, exist_ok=True)
-    tarball = root / f"debian-{SUITE}-python3.11-rootfs.tar"
+    suffix = f"-{arch}" if foreign else ""
+    tarball = root / f"debian-{SUITE}-python3.11{suffix}-rootfs.tar"
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if tarball.exists():
             return tarball
-        work = root / f"rootfs-{SUITE}.partial"
+        work = root / f"rootfs-{SUITE}{suffix}.partial"
         shutil.rmtree(work, ignore_errors=True)
-        run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, work, MIRROR],
-            timeout=1800)
+        run(["debootstrap", *(["--foreign", f"--arch={arch}"] if foreign else []), "--variant=minbase",
+             f"--include={','.join(PACKAGES)}", SUITE, work, MIRROR], timeout=1800)
+        if foreign:
+            for deb in sorted((work / "var/cache/apt/archives").glob("*.deb")):
+                run(["dpkg-deb", "-x", deb, work], timeout=300)
+            shutil.rmtree(work / "debootstrap", ignore_errors=True)
         (work / "usr/local/bin").mkdir(parents=True, exist_ok=True)
         (work / "usr/local/bin/python").symlink_to("/usr/bin/python3")  # the official image's `python`
         for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
@@ -82,32 +97,34 @@ def image_exists(name: str) -> bool:
     return run(["buildah", "inspect", "--type", "image", name], check=False, timeout=120).returncode == 0
 
 
-def base_stand_in() -> str:
-    """The stand-in base image in buildah's storage (imported from the cached tarball when missing).
+def base_stand_in(arch: str | None = None) -> str:
+    """The stand-in base image for ``arch`` (default this machine's) in buildah's storage, imported from
+    the cached tarball when missing, with the architecture in its configuration.
 
     It trusts what this machine trusts: the host's CA bundle replaces Debian's, and pip is told to use it,
     since here the package index is reached through a TLS-inspecting proxy whose CA only the host knows.
     """
-    tarball = rootfs_tarball()
+    arch = arch or native_arch()
+    name = BASE_STAND_IN if arch == native_arch() else f"{BASE_STAND_IN}-{arch}"
+    tarball = rootfs_tarball(arch)
     with open(cache_dir() / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if image_exists(BASE_STAND_IN):
-            return BASE_STAND_IN
-        rootfs = f"{BASE_STAND_IN}-rootfs"
-        if not image_exists(rootfs):
-            run(["podman", "import", "--change", f"ENV=PATH={PATH}", "--change", 'CMD=["python3"]', tarball,
-                 rootfs], timeout=900)
-        container = run(["buildah", "from", "--pull-never", rootfs]).stdout.strip()
+        if image_exists(name):
+            return name
+        container = run(["buildah", "from", "--arch", arch, "scratch"]).stdout.strip()
         try:
+            run(["buildah", "add", container, tarball, "/"], timeout=900)
             if HOST_CA_BUNDLE.is_file():
                 run(["buildah", "copy", container, HOST_CA_BUNDLE, str(HOST_CA_BUNDLE)])
                 run(["buildah", "config", "--env", f"PIP_CERT={HOST_CA_BUNDLE}",
                      "--env", f"SSL_CERT_FILE={HOST_CA_BUNDLE}", container])
-            run(["buildah", "commit", "--rm", container, BASE_STAND_IN], timeout=900)
+            run(["buildah", "config", "--os", "linux", "--arch", arch, "--env", f"PATH={PATH}",
+                 "--cmd", "python3", container])
+            run(["buildah", "commit", "--rm", container, name], timeout=900)
         except Exception:
             run(["buildah", "rm", container], check=False)
             raise
-    return BASE_STAND_IN
+    return name
 
 
 class ImageContainer:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from extender import crds_cmd
 from extender.crds_cmd import Action, decide, foreign_owner, lacking_fields, read_crds, schema_fields
 from tests.unit.fixtures import ROOT
 
@@ -102,3 +103,16 @@ def test_schema_walk_is_bounded() -> None:
     wide = {"properties": {f"f{i}": {"items": {"additionalProperties": {"properties": {"x": {}}}}}
                            for i in range(3)}}
     assert schema_fields(wide) == {".f0", ".f1", ".f2", ".f0[]{}.x", ".f1[]{}.x", ".f2[]{}.x"}
+
+
+def test_the_default_files_are_the_checkouts_else_the_installed_copy(tmp_path, monkeypatch):
+    """In a checkout: manifests/crds; elsewhere (the image's working directory is /): the CRDs installed
+    beside the program, so `tf-extender crds apply` in the image needs no -f."""
+    shared = tmp_path / "prefix" / "share" / "tensor-fusion-extender" / "crds"
+    monkeypatch.setattr(crds_cmd, "SHARED_FILES", shared)
+    monkeypatch.chdir(tmp_path)
+    assert crds_cmd.default_files() == "manifests/crds"  # nothing installed: the message names the usual
+    shared.mkdir(parents=True)
+    assert crds_cmd.default_files() == str(shared)
+    (tmp_path / "manifests" / "crds").mkdir(parents=True)
+    assert crds_cmd.default_files() == "manifests/crds"

@@ -26,6 +26,8 @@ COPIES = [
         CHART / "files" / "kube-scheduler-config.yaml",
         ROOT / "manifests" / "scheduler" / "kube-scheduler-config.yaml",
     ),
+    (CHART / "files" / "gke-resourcequota.yaml",
+     ROOT / "manifests" / "optional" / "gke" / "resourcequota.yaml"),
     (
         CHART / "files" / "grafana-dashboard.json",
         ROOT / "manifests" / "optional" / "monitoring" / "grafana-dashboard.json",
