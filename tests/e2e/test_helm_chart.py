@@ -695,8 +695,8 @@ EVERY_EXTENDER_VALUE = {
     "autoscale.tflopsQuery": "tflops_q", "autoscale.vramQuery": "vram_q", "autoscale.prometheusStep": "1m",
     "autoscale.prometheusMaxPoints": "200",
     "extender.tensorFusionClusterInterval": "1m", "extender.gpuNodeInterval": "10s",
-    "extender.gpuQuotas": "false", "extender.gpuQuotaStatusInterval": "20s", "extender.gangScheduling": "false",
-    "extender.gangReserveTimeout": "2m", "extender.instanceTopologyConfigMap": "ns/topology",
+    "extender.gpuQuotas": "false", "extender.gpuQuotaStatusInterval": "20s",
+    "extender.gangScheduling": "false", "extender.gangReserveTimeout": "2m", "extender.instanceTopologyConfigMap": "ns/topology",
 }
 
 
