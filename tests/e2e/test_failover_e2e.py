@@ -7,6 +7,7 @@ retry, and answers its first filter from a ledger its watches kept synced."""
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 import uuid
@@ -16,7 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from kubernetes import client
 
-from extender.controllers import LEASE_DURATION_SECONDS, LEASE_RENEW_DEADLINE_SECONDS, LEASE_RENEW_SECONDS
+from extender.controllers import (
+    LEADER_LEASE,
+    LEASE_DURATION_SECONDS,
+    LEASE_RENEW_DEADLINE_SECONDS,
+    LEASE_RENEW_SECONDS,
+)
 from tests import harness as cpl
 from tests.harness.replicas import (
     ReplicaSet,
@@ -125,6 +131,20 @@ def check_nothing_lost(core: client.CoreV1Api, namespace: str, pairs: ReplicaSet
     assert not problems, f"{len(problems)} problems, e.g. {problems[:5]}"
 
 
+def when_both_lead(replica, timeout: float = 90) -> dict[str, float]:
+    """When (monotonic) the replica's scheduler and its extender each first led, polled together."""
+    led: dict[str, float] = {}
+    checks = {"scheduler": replica.scheduler_leads, "extender": replica.extender_leads}
+    deadline = time.monotonic() + timeout * cpl.TIMEOUT_SCALE
+    while len(led) < len(checks):
+        assert time.monotonic() < deadline, f"only {sorted(led)} of the standby led after {timeout} s"
+        for what, check in checks.items():
+            if what not in led and check():
+                led[what] = time.monotonic()
+        time.sleep(0.1)
+    return led
+
+
 def not_ready_filters(replica) -> float:
     return replica.extender_metric("tf_extender_requests_total", verb="filter", outcome="not_ready")
 
@@ -138,11 +158,9 @@ def test_the_leading_pair_killed_mid_burst(api_client, replicas, namespace):
         binds.wait(PODS // 3, 180)
         leader.kill()
         killed = time.monotonic()
-        cpl.wait_until(standby.scheduler_leads, 60, interval=0.2, what="the standby scheduler to lead")
-        led_at = time.monotonic()
-        scheduler_led = led_at - killed
-        cpl.wait_until(standby.extender_leads, 60, interval=0.2, what="the standby extender to lead")
-        extender_led = time.monotonic() - killed
+        led = when_both_lead(standby)
+        led_at = led["scheduler"]
+        scheduler_led, extender_led = led["scheduler"] - killed, led["extender"] - killed
         join()
         binds.wait(PODS, 300)
         recovered = binds.first_bind_after(led_at) - killed  # binds sent before the kill may land after it
@@ -151,9 +169,16 @@ def test_the_leading_pair_killed_mid_burst(api_client, replicas, namespace):
               f"{recovered:.1f} s")
         slack = 3.0 * cpl.TIMEOUT_SCALE  # sampling and a loaded machine
         assert extender_led <= TAKEOVER + slack
-        assert recovered <= TAKEOVER + slack
+        # kube-scheduler's own takeover (client-go, jittered retries) is not ours to time; once it leads,
+        # its extender answers at once
+        assert recovered - scheduler_led <= slack
         assert not_ready_filters(standby) == 0  # its first filter came from a synced ledger
         check_nothing_lost(core, namespace, replicas)
+        # an operator asks who leads now
+        report = json.loads(cpl.run_console_script("tf-extender", "status", "-o", "json", "--kubeconfig",
+                                                    replicas.cp.kubeconfig))
+        held = {x["lease"]: x["holder"] for x in report["leaders"]}
+        assert held[f"{namespace}/{LEADER_LEASE}"] == standby.extender_identity()
     finally:
         binds.stop()
 
@@ -180,7 +205,9 @@ def test_a_rolling_update_with_max_unavailable_zero(api_client, replicas, namesp
         print(f"rolling update: first bind {gap_first:.1f} s after the old leader stopped")
         new = [r for r in replicas.replicas if r.alive()]
         assert new == [new_first, new_second]
-        assert sum(r.extender_leads() for r in new) == 1
+        # the old standby released the Leases on SIGTERM: a new replica takes them at its next round
+        cpl.wait_until(lambda: sum(r.extender_leads() for r in new) == 1, 3 * LEASE_RENEW_SECONDS,
+                       interval=0.2, what="one new extender to lead")
         # released on SIGTERM: no wait for a Lease to expire
         assert gap_first <= LEASE_RENEW_SECONDS + 5.0 * cpl.TIMEOUT_SCALE
         assert all(not_ready_filters(r) == 0 for r in new)
@@ -202,10 +229,9 @@ def test_the_leader_cut_off_from_the_api_server(api_client, replicas, namespace)
         cpl.wait_until(lambda: not leader.extender_leads(), 30, interval=0.2,
                        what="the cut-off extender to step down")
         stepped_down = time.monotonic() - cut
-        cpl.wait_until(standby.scheduler_leads, 90, interval=0.2, what="the standby scheduler to lead")
-        led_at = time.monotonic()
-        cpl.wait_until(standby.extender_leads, 60, interval=0.2, what="the standby extender to lead")
-        extender_led = time.monotonic() - cut
+        led = when_both_lead(standby)
+        led_at = led["scheduler"]
+        extender_led = led["extender"] - cut
         # the cut-off kube-scheduler exits once it cannot renew (leader election lost)
         cpl.wait_until(lambda: not leader.scheduler.alive(), 60, interval=0.5,
                        what="the cut-off scheduler to exit")
@@ -217,6 +243,7 @@ def test_the_leader_cut_off_from_the_api_server(api_client, replicas, namespace)
         assert stepped_down <= LEASE_RENEW_DEADLINE_SECONDS + 2.0 * cpl.TIMEOUT_SCALE
         assert extender_led >= LEASE_DURATION_SECONDS - LEASE_RENEW_SECONDS  # never two leaders
         assert extender_led <= TAKEOVER + LEASE_RENEW_SECONDS + 3.0 * cpl.TIMEOUT_SCALE
+        assert recovered - (led_at - cut) <= 3.0 * cpl.TIMEOUT_SCALE
         assert not_ready_filters(standby) == 0
         leader.proxy.heal()
         check_nothing_lost(core, namespace, replicas)

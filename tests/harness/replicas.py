@@ -158,6 +158,13 @@ class Replica:
                 return float(line.rsplit(None, 1)[1]) == 1.0
         return False
 
+    def extender_identity(self) -> str:
+        """The Lease holder name this replica's extender writes (the identity label of tf_extender_leader)."""
+        for line in self.extender_text("/metrics").splitlines():
+            if line.startswith('tf_extender_leader{identity="'):
+                return line.split('"')[1]
+        raise AssertionError("no tf_extender_leader sample")
+
     def extender_metric(self, name: str, **labels: str) -> float:
         """The sum of ``name``'s samples with these labels on the extender's /metrics page."""
         from prometheus_client.parser import text_string_to_metric_families
