@@ -400,6 +400,8 @@ def run_phase(cluster: Any, name: str, namespace: str, pods: list[dict[str, Any]
                 "calls": int(_delta(ext_after, ext_before, "tf_extender_request_duration_seconds_count",
                                     label)),
             }
+            verbs[verb]["p50_s"], verbs[verb]["p99_s"] = histogram_quantiles(
+                ext_after, ext_before, "tf_extender_request_duration_seconds", label)
         out["extender"] = verbs
         cycle = verbs["filter"]["seconds"] + verbs["prioritize"]["seconds"] + verbs["preempt"]["seconds"]
         out["extender_cycle_s"] = round(cycle, 3)

@@ -224,6 +224,9 @@ class ExtenderService:
         return waiting
 
     def refresh_gauges(self) -> None:
+        if self.leadership is not None:
+            identity = self.leadership.keepers[0].identity
+            self.metrics.leader.labels(identity).set(1 if self.leadership.is_leader else 0)
         use = self.state.utilisation()
         nodes = []
         for node, figures in use.nodes.items():

@@ -24,6 +24,7 @@ from extender.common.cli import one_line
 from extender.common.contract import COMPONENT_LABEL, COMPONENT_WORKER, GPU_POOL, POOL_LABEL, ContractError
 from extender.common.labels import EXPANSION_LABEL, EXPANSION_POD_ANNOTATION, NODEPOOL_LABEL
 from extender.common.output import add_output_argument, yaml_document
+from extender.controllers import LEADER_LEASE
 from extender.kube import resources
 from extender.kube.resources import Resource
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 # and so shell completion and --help, stay light.
 
 NO_POOL = "-"
+FIELD_SELECTOR = "field:"  # a lister's selector with this prefix is a field selector, else a label selector
 DEFAULT_PROVISIONING = "AutoSelect"
 
 
@@ -47,6 +49,17 @@ class StatusSnapshot:
     nodeclaims: list[dict[str, Any]]
     gpunodeclaims: list[dict[str, Any]] = field(default_factory=list)  # Karpenter-mode pools
     quotas: list[dict[str, Any]] = field(default_factory=list)  # GPUResourceQuotas
+    leases: list[dict[str, Any]] = field(default_factory=list)  # LEADER_LEASES, in any namespace
+
+
+# The Leases that say which replica leads: the extender's controllers, and kube-scheduler's (the chart's
+# leaderElection.resourceName), whose replica's extender answers the verbs.
+LEADER_LEASES = {LEADER_LEASE: "controllers", "tensor-fusion-scheduler": "scheduler"}
+
+
+# The Leases that say which replica leads: the extender's controllers, and kube-scheduler's (the chart's
+# leaderElection.resourceName), whose replica's extender answers the verbs.
+LEADER_LEASES = {LEADER_LEASE: "controllers", "tensor-fusion-scheduler": "scheduler"}
 
 
 # --- pure: the report -----------------------------------------------------------------------------
@@ -173,7 +186,8 @@ def build_report(snapshot: StatusSnapshot) -> dict[str, Any]:
     reasons = {pod_key(p): pending_reason(p) for p in snapshot.pods}
     for gang in gangs:
         gang["reason"] = reasons.get(gang.pop("example"), "")
-    return {"pools": out, "quotas": quota_report(state, snapshot.quotas), "waitingGangs": gangs}
+    return {"pools": out, "quotas": quota_report(state, snapshot.quotas), "waitingGangs": gangs,
+            "leaders": leaders(snapshot.leases)}
 
 
 def quota_report(state: ClusterState, quotas: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -200,6 +214,20 @@ def quota_report(state: ClusterState, quotas: list[dict[str, Any]]) -> list[dict
     return out
 
 
+def leaders(leases: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Who holds each of ``LEADER_LEASES`` (a released Lease has no holder: the next replica takes it)."""
+    out = []
+    for lease in leases:
+        meta, spec = _meta(lease), lease.get("spec") or {}
+        name = str(meta.get("name") or "")
+        if name not in LEADER_LEASES:
+            continue
+        out.append({"lease": f"{meta.get('namespace') or ''}/{name}", "role": LEADER_LEASES[name],
+                    "holder": str(spec.get("holderIdentity") or ""),
+                    "renewed": str(spec.get("renewTime") or "")})
+    return sorted(out, key=lambda x: (x["role"], x["lease"]))
+
+
 def render_table(report: Mapping[str, Any]) -> str:
     header = ("POOL", "MODE", "PROVISIONING", "NODES", "GPUS", "TFLOPS ALLOC/TOTAL", "TFLOPS FREE",
               "VRAM ALLOC/TOTAL", "VRAM FREE", "PARTIAL", "PENDING", "CLAIMS")
@@ -213,7 +241,7 @@ def render_table(report: Mapping[str, Any]) -> str:
                      str(p["partiallyUsedGPUs"]), str(len(p["pendingPods"])),
                      str(len(p["nodeClaimsInFlight"]))))
     if len(rows) == 1:
-        return "No GPU pools, GPUs or GPU pods found.\n"
+        return "No GPU pools, GPUs or GPU pods found.\n" + _render_leaders(report)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.append("(* default pool)")
@@ -241,6 +269,17 @@ def render_table(report: Mapping[str, Any]) -> str:
                   + (f"NodePool {c['nodePool'] or '-'}, for {c['forPod'] or '-'}" if c["kind"] == "NodeClaim"
                      else f"instance type {c['instanceType'] or '-'}")
                   + f"): {c['state']}" for pool, c in claims]
+    return "\n".join(lines) + "\n" + _render_leaders(report)
+
+
+def _render_leaders(report: Mapping[str, Any]) -> str:
+    rows = report.get("leaders") or []
+    if not rows:
+        return ""
+    lines = ["", "Leaders:"]
+    lines += [f"  {x['role']} (Lease {x['lease']}): " + (f"{x['holder']}, renewed {x['renewed'] or '-'}"
+                                                         if x["holder"] else "released, none yet")
+              for x in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -255,7 +294,18 @@ def read_snapshot(list_all: Callable[[Resource, str | None], list[dict[str, Any]
         templates=list_all(resources.SCHEDULING_CONFIG_TEMPLATES, None),
         pods=list_all(resources.PODS, selector), nodeclaims=list_all(resources.NODECLAIMS, None),
         gpunodeclaims=list_all(resources.GPU_NODE_CLAIMS, None),
-        quotas=list_all(resources.GPU_RESOURCE_QUOTAS, None))
+        quotas=list_all(resources.GPU_RESOURCE_QUOTAS, None), leases=_leader_leases(list_all))
+
+
+def _leader_leases(list_all: Callable[[Resource, str | None], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The Leases of ``LEADER_LEASES``; none when the user may not list Leases (the rest still shows)."""
+    try:
+        found: list[dict[str, Any]] = []
+        for name in LEADER_LEASES:
+            found += list_all(resources.LEASES, f"{FIELD_SELECTOR}metadata.name={name}")
+        return found
+    except Exception:
+        return []
 
 
 def resource_name(resource: Resource) -> str:
@@ -272,7 +322,9 @@ def kube_lister(api_client: Any, missing: list[str] | None = None,
     def list_all(resource: Resource, selector: str | None) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         query: dict[str, str | int | bool] = {"limit": 500}
-        if selector:
+        if selector and selector.startswith(FIELD_SELECTOR):
+            query["fieldSelector"] = selector.removeprefix(FIELD_SELECTOR)
+        elif selector:
             query["labelSelector"] = selector
         while True:
             try:

@@ -9,8 +9,8 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from extender.controllers import (
     LEADER_LEASE,
@@ -21,6 +21,7 @@ from extender.controllers import (
 )
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 DEFAULT_NAMESPACE = "tensor-fusion-sys"
 ENV_NAMESPACE = "TF_EXPANSION_LEASE_NAMESPACE"
@@ -61,20 +62,30 @@ class HeldLease(Protocol):
 
     async def try_acquire(self) -> bool: ...
 
+    async def observe(self) -> None: ...
+
+    def expires_in(self) -> float | None: ...
+
     async def release(self) -> None: ...
 
 
 class Leadership:
     """One leader election for the process: ``LEADER_LEASE``, then each of ``legacy`` in order.
 
-    The Leases are taken in one fixed order and a later one is only tried while the earlier ones are
+    The Leases are taken in one fixed order and a later one is only taken while the earlier ones are
     held, so two new replicas can never each hold a part and wait for the other. Losing ``LEADER_LEASE``
     to another holder gives up the later ones at once, so the new leader gets them without waiting for
     them to expire.
 
-    Each round tries every ``renew_seconds``; one Lease's read and write get at most ``renew_deadline``
-    seconds, the time a ``LeaseKeeper`` stays leader after its last renewal, so a hung API call ends
-    leadership on time instead of holding up the round."""
+    Every round still *reads* the Leases it does not get to take, so each one's expiry clock starts at
+    the first round: a replica whose predecessor died holding all of them leads one Lease duration after
+    it first read them, not one duration per Lease. A standby does the same every round, so a failover
+    waits one duration from the last renewal it saw.
+
+    Each round runs every ``renew_seconds``, or sooner when a Lease it waits on expires before then; one
+    Lease's read and write get at most ``renew_deadline`` seconds, the time a ``LeaseKeeper`` stays
+    leader after its last renewal, so a hung API call ends leadership on time instead of holding up the
+    round."""
 
     def __init__(self, keepers: Sequence[HeldLease], renew_seconds: float = LEASE_RENEW_SECONDS,
                  renew_deadline: float = LEASE_RENEW_DEADLINE_SECONDS) -> None:
@@ -102,28 +113,52 @@ class Leadership:
         return all(keeper.is_leader for keeper in self.keepers)
 
     async def step(self) -> bool:
-        """Take or renew the Leases in order; True when all are held."""
+        """Take or renew the Leases in order; True when all are held. The ones after the first not held
+        are only read (``observe``), so their expiry clocks run while this replica waits."""
         for position, keeper in enumerate(self.keepers):
             try:
-                # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result when the
-                # call ends as the task is cancelled, swallowing the cancellation, and a stopping
-                # replica then renews forever (seen under load in the two-replica e2e)
-                async with asyncio.timeout(self.renew_deadline):
-                    held = await keeper.try_acquire()
+                held = await self._bounded(keeper.try_acquire())
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # kept while fresh (LeaseKeeper.is_leader); retried next round
-                from extender.kube.client import error_message
-
-                error = ("no answer within the renew deadline" if isinstance(exc, TimeoutError)
-                         else error_message(exc))
-                log.warning("lease not renewed", extra={"lease": keeper.name, "error": error})
+                self._warn(keeper, exc)
                 return False
             if not held:
                 if position == 0:
                     await self._release(self.keepers[1:])
+                await self._observe(self.keepers[position + 1:])
                 return False
         return True
+
+    def pause(self) -> float:
+        """Seconds until the next round: ``renew_seconds``, or less when a Lease waited on expires sooner."""
+        waits = [left for keeper in self.keepers
+                 if (left := keeper.expires_in()) is not None and left > 0]
+        return min([self.renew_seconds, *waits])
+
+    async def _bounded(self, call: Awaitable[_T]) -> _T:
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result when the call ends as
+        # the task is cancelled, swallowing the cancellation, and a stopping replica then renews forever
+        # (seen under load in the two-replica e2e)
+        async with asyncio.timeout(self.renew_deadline):
+            return await call
+
+    async def _observe(self, keepers: Sequence[HeldLease]) -> None:
+        for keeper in keepers:
+            try:
+                await self._bounded(keeper.observe())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # its clock keeps the last record read; read again next round
+                self._warn(keeper, exc)
+                return
+
+    @staticmethod
+    def _warn(keeper: HeldLease, exc: Exception) -> None:
+        from extender.kube.client import error_message
+
+        error = "no answer within the renew deadline" if isinstance(exc, TimeoutError) else error_message(exc)
+        log.warning("lease not renewed", extra={"lease": keeper.name, "error": error})
 
     async def run(self) -> None:
         """Renew every ``renew_seconds`` until cancelled; release the Leases on the way out."""
@@ -135,7 +170,7 @@ class Leadership:
                     first = self.keepers[0]
                     log.info("leadership %s", "acquired" if self.is_leader else "lost",
                              extra={"lease": f"{first.namespace}/{first.name}", "identity": first.identity})
-                await asyncio.sleep(self.renew_seconds)
+                await asyncio.sleep(self.pause())
         finally:
             await asyncio.shield(self._release(self.keepers))
 

@@ -104,6 +104,19 @@ def lease_action(lease: Mapping[str, Any] | None, identity: str, observation: Ob
     return LeaseAction.TAKE if now - observation.at >= duration else LeaseAction.WAIT
 
 
+def seconds_left(lease: Mapping[str, Any] | None, identity: str, observation: Observation | None,
+                 now: float, default_duration_seconds: float) -> float | None:
+    """How long, on this replica's clock, until ``lease`` (as last read) may be taken; None when there is
+    nothing to wait for (no Lease, ours, free, or not yet observed)."""
+    if lease is None or observation is None or observation.record != record_of(lease):
+        return None
+    holder = observation.holder
+    if not holder or holder == identity:
+        return None
+    duration = observation.duration_seconds if observation.duration_seconds > 0 else default_duration_seconds
+    return max(0.0, observation.at + duration - now)
+
+
 def lease_body(name: str, namespace: str, identity: str, now: dt.datetime, duration_seconds: float,
                current: Mapping[str, Any] | None, action: LeaseAction) -> dict[str, Any]:
     """The Lease to write for ``action`` (CREATE, TAKE or RENEW); ``now`` is only written, never read."""
@@ -184,17 +197,33 @@ class LeaseKeeper:
         self._wall = wall
         self._renewed_at: float | None = None
         self.observed: Observation | None = None
+        self._last: dict[str, Any] | None = None  # the Lease as last read, for ``expires_in``
 
     @property
     def is_leader(self) -> bool:
         return (self._renewed_at is not None
                 and self._clock() - self._renewed_at < self.renew_deadline_seconds)
 
+    def expires_in(self) -> float | None:
+        """Seconds until the Lease as last read may be taken (0 once it may); None when not waiting on
+        another holder."""
+        return seconds_left(self._last, self.identity, self.observed, self._clock(), self.duration_seconds)
+
+    async def observe(self) -> None:
+        """Read the Lease and note its record without writing: its expiry clock starts now, so a replica
+        that waits on an earlier Lease can take this one the moment it gets there."""
+        current = await self.store.read()
+        self._note(current, self._clock())
+
+    def _note(self, current: dict[str, Any] | None, read_at: float) -> None:
+        self._last = current
+        self.observed = observe(self.observed, current, read_at)
+
     async def try_acquire(self) -> bool:
         started = self._clock()
         current = await self.store.read()
         read_at = self._clock()
-        self.observed = observe(self.observed, current, read_at)
+        self._note(current, read_at)
         action = lease_action(current, self.identity, self.observed, read_at, self.duration_seconds)
         if action is LeaseAction.WAIT:
             self._renewed_at = None
@@ -212,6 +241,7 @@ class LeaseKeeper:
                 return False
             raise
         self._renewed_at = started
+        self._last = body
         self.observed = Observation(record_of(body), self._clock())
         return True
 

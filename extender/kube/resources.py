@@ -47,6 +47,7 @@ GPU_RESOURCE_QUOTAS = Resource("tensor-fusion.ai", "v1", "gpuresourcequotas", "G
 NODECLAIMS = Resource("karpenter.sh", "v1", "nodeclaims", "NodeClaim", False)
 NODEPOOLS = Resource("karpenter.sh", "v1", "nodepools", "NodePool", False)
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", True)
 PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False)
 
 

@@ -26,7 +26,7 @@ from extender.common.contract import GPURequest
 from extender.common.pods import TERMINAL_PHASES, pod_index, pod_key, pod_priority, pod_uid
 from extender.scheduling.cluster import Cluster, PodRecord
 from extender.scheduling.ledger import Allocation
-from extender.scheduling.placement import Fit, choose_gpus, evaluate, tier_of, topology_settings
+from extender.scheduling.placement import Fit, Slot, choose_gpus, evaluate, tier_of, topology_settings
 from extender.scheduling.requests import Parsed, PlacementError
 
 HOLD_SECONDS = 10.0  # a filter's first choice is held this long for the bind that should follow
@@ -79,7 +79,10 @@ class AssumeCache:
         bound = ledger.bound(uid)
         if bound is not None:
             raise PlacementError(f"pod {key} already holds GPUs {','.join(bound.gpu_ids)} on {bound.node}")
-        self._take_hold(uid)  # the filter's hold for this bind: re-chosen below, with the same room free
+        # the filter's hold for this bind: its GPUs were chosen when only the pods before this one were
+        # counted, so they are kept while they still fit (re-choosing now would also count the holds of
+        # pods filtered since, and a burst would pack differently from one-by-one submission)
+        hold = self._take_hold(uid)
         if uid in self._gang_holds:
             return self._reserve_gang_hold(pod, node, request)
         # A retry replaces the pod's earlier reservation, which is restored if the new one fails.
@@ -93,8 +96,8 @@ class AssumeCache:
                 self._reservations[uid] = previous
                 cluster.touch(ledger.reserve(previous[1]))
             raise PlacementError(f"node {node}: {verdict.message}")
-        gpu_ids = choose_gpus(verdict.fitting, request, cluster.mode_for(request.pool),
-                              cluster.topology_for(request.pool))
+        gpu_ids = _held_gpus(hold, node, request, verdict.fitting) or choose_gpus(
+            verdict.fitting, request, cluster.mode_for(request.pool), cluster.topology_for(request.pool))
         priority = pod_priority(pod)
         allocation = Allocation(uid, key, node, gpu_ids, request, priority)
         tier = None
@@ -182,10 +185,11 @@ class AssumeCache:
         self._hold_queue.append((self._clock() + self._hold_seconds, allocation))
         cluster.touch(ledger.reserve(allocation))
 
-    def _take_hold(self, uid: str) -> None:
+    def _take_hold(self, uid: str) -> Allocation | None:
         allocation = self._holds.pop(uid, None)
         if allocation is not None:
             self._cluster.touch(self._ledger.release(allocation))
+        return allocation
 
     def lapse_holds(self) -> None:
         """Release the holds whose time is up."""
@@ -260,3 +264,12 @@ class AssumeCache:
         pods = [*map(records.__getitem__, on_node), *map(self._reserved_pods.__getitem__, reserved)]
         holders = [pod.key for pod in pods if waits_with_index(pod)]
         return min(holders) if holders else None  # the first by name, whatever the order of the sets
+
+
+def _held_gpus(hold: Allocation | None, node: str, request: GPURequest,
+               fitting: tuple[Slot, ...]) -> tuple[str, ...] | None:
+    """The hold's GPUs when it is for this node and request and every one of them still fits."""
+    if hold is None or hold.node != node or hold.request != request:
+        return None
+    names = {slot.name for slot in fitting}
+    return hold.gpu_ids if all(gpu in names for gpu in hold.gpu_ids) else None

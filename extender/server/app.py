@@ -157,8 +157,11 @@ class Handlers:
                 outcome = self.state.first_choice(args.pod, outcome)
             if not outcome.fits and (reason := self.hooks.hold_back(args.pod)):
                 return _json(filter_error(reason).wire()), "waiting"
-            answer = filter_answer(args, outcome.fits, outcome.failed, outcome.unresolvable,
-                                   outcome.error or "")
+            # kube-scheduler reads why nodes failed only when none passes (the pod's event, preemption);
+            # with a node to go to, the hundreds of reasons of a full cluster are encoded, sent and
+            # decoded for nothing (they are still counted above)
+            failed, unresolvable = ({}, {}) if outcome.fits else (outcome.failed, outcome.unresolvable)
+            answer = filter_answer(args, outcome.fits, failed, unresolvable, outcome.error or "")
             return _json(answer), "error" if outcome.error else "ok"
 
         return await self._timed("filter", handle, lambda m: _json(filter_error(m).wire()))

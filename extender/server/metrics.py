@@ -123,6 +123,10 @@ class Metrics:
         self.pool_capacity_vram = Gauge(
             "tf_extender_pool_capacity_vram_bytes", "VRAM of a pool's GPUs in bytes, allocated or not",
             ["pool"], registry=r)
+        self.leader = Gauge(
+            "tf_extender_leader", "1 on the replica whose leader-only controllers act (it holds the Leases), "
+            "0 on a standby; the identity label is the Lease holder name this replica writes",
+            ["identity"], registry=r)
         self.partially_used = Gauge(
             "tf_extender_partially_used_gpus", "GPUs that are neither idle nor full", registry=r)
         self.preemptions = Counter(

@@ -696,7 +696,8 @@ EVERY_EXTENDER_VALUE = {
     "autoscale.prometheusMaxPoints": "200",
     "extender.tensorFusionClusterInterval": "1m", "extender.gpuNodeInterval": "10s",
     "extender.gpuQuotas": "false", "extender.gpuQuotaStatusInterval": "20s",
-    "extender.gangScheduling": "false", "extender.gangReserveTimeout": "2m", "extender.instanceTopologyConfigMap": "ns/topology",
+    "extender.gangScheduling": "false", "extender.gangReserveTimeout": "2m",
+    "extender.instanceTopologyConfigMap": "ns/topology",
 }
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from extender.common.tasks import cancel_and_wait
-from extender.controllers import LEADER_LEASE, LEGACY_LEASES
+from extender.controllers import LEADER_LEASE, LEASE_DURATION_SECONDS, LEASE_RENEW_SECONDS, LEGACY_LEASES
 from extender.controllers.leadership import Leadership
 from extender.kube.lease import KubeLeaseStore, LeaseKeeper
 from tests import harness as cpl
@@ -129,3 +129,49 @@ async def test_two_replicas_with_skewed_clocks_lead_one_at_a_time(api_client, na
         with contextlib.suppress(asyncio.CancelledError, AssertionError):
             await watching
         await cancel_and_wait([t for t in (a_task, b_task) if t is not None])
+
+
+async def test_a_restarted_or_standby_replica_leads_within_one_duration_and_a_retry(api_client, namespace):
+    """With the shipped timings and all three Leases: a replica restarted after a SIGKILL, and a standby after
+    the leader's SIGKILL, each lead within 15 s + 2 s (it was 48 s: one duration per Lease, in turn)."""
+    budget = LEASE_DURATION_SECONDS + LEASE_RENEW_SECONDS + 0.5 * cpl.TIMEOUT_SCALE  # the API's latency
+
+    async def renew_until_killed(leadership: Leadership) -> None:
+        while True:  # step() without run(): cancelling it releases nothing, as a SIGKILL
+            await leadership.step()
+            await asyncio.sleep(leadership.pause())
+
+    async def leads(leadership: Leadership) -> float:
+        while not leadership.is_leader:
+            await asyncio.sleep(0.02)
+        return time.monotonic()
+
+    crashed = Leadership.of(api_client, namespace, "crashed")
+    assert await crashed.step()
+    restarted = Leadership.of(api_client, namespace, "restarted")
+    started = time.monotonic()
+    task = asyncio.create_task(restarted.run())
+    standby_task: asyncio.Task[None] | None = None
+    leader_task: asyncio.Task[None] | None = None
+    try:
+        took = await asyncio.wait_for(leads(restarted), 60) - started
+        assert LEASE_DURATION_SECONDS - 0.5 <= took <= budget, f"restart: led after {took:.1f} s"
+
+        # now a standby beside the leader, then the leader is killed
+        await cancel_and_wait([task])  # released: whoever comes next leads at once
+        leader = Leadership.of(api_client, namespace, "leader")
+        leader_task = asyncio.create_task(renew_until_killed(leader))
+        await asyncio.wait_for(leads(leader), 30)
+        standby = Leadership.of(api_client, namespace, "standby")
+        standby_task = asyncio.create_task(standby.run())
+        await asyncio.sleep(2 * LEASE_RENEW_SECONDS + 0.3)
+        assert leader.is_leader and not standby.is_leader
+        await cancel_and_wait([leader_task])
+        killed = time.monotonic()
+        failover = await asyncio.wait_for(leads(standby), 60) - killed
+        assert failover <= budget, f"failover: led after {failover:.1f} s"
+        leases = 1 + len(LEGACY_LEASES)
+        print(f"restart led after {took:.2f} s, failover after {failover:.2f} s (Lease "
+              f"{LEASE_DURATION_SECONDS:g} s, retry {LEASE_RENEW_SECONDS:g} s, {leases} Leases)")
+    finally:
+        await cancel_and_wait([t for t in (task, standby_task, leader_task) if t is not None])

@@ -12,6 +12,8 @@ its own process group with its log in ``<workdir>/logs/<name>.log``. One module 
 - ``components``    kube-scheduler, kube-controller-manager, kwok, tf-webhook, tf-extender runners
 - ``objects``       Node, GPU and pod builders and waiters
 - ``workloads``     Deployments, Jobs, PodDisruptionBudgets of GPU pods
+- ``replicas``      two or more kube-scheduler + tf-extender pairs as the chart runs them, each behind a TCP
+                    proxy to the API server that a test can cut (failover, rolling updates, partitions)
 - ``karpenter``     the real Karpenter (KWOK provider) per test module
 - ``autoscaler``    the real Cluster Autoscaler (kwok provider), when a binary is given
 - ``expansion``     what the node-expansion test modules share (fixtures, a test's own NodePool)

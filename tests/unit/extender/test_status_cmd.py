@@ -82,7 +82,41 @@ def test_snapshot_lists_gpu_pods_only_and_every_kind():
     read_snapshot(list_all)
     assert ("pods", "tensor-fusion.ai/component=worker") in asked
     assert {p for p, _ in asked} == {"nodes", "gpus", "gpupools", "schedulingconfigtemplates", "pods",
-                                     "nodeclaims", "gpunodeclaims", "gpuresourcequotas"}
+                                     "nodeclaims", "gpunodeclaims", "gpuresourcequotas", "leases"}
+    assert ("leases", "field:metadata.name=tensor-fusion-expander") in asked
+
+
+def test_a_user_who_may_not_list_leases_still_gets_the_pools():
+    def list_all(resource: resources.Resource, selector: str | None) -> list[dict[str, Any]]:
+        if resource.plural == "leases":
+            raise PermissionError("leases is forbidden")
+        return []
+
+    assert read_snapshot(list_all).leases == []
+
+
+def lease(namespace: str, name: str, holder: str | None) -> dict[str, Any]:
+    return {"metadata": {"namespace": namespace, "name": name},
+            "spec": {"holderIdentity": holder, "renewTime": "2026-12-04T14:00:00.000000Z"}}
+
+
+def test_the_report_says_which_replica_leads():
+    snapshot = status_snapshot()
+    snapshot = StatusSnapshot(**{**snapshot.__dict__, "leases": [
+        lease("tensor-fusion-sys", "tensor-fusion-expander", "tfe-scheduler-7d9-abcde_1f2e3d4c"),
+        lease("tensor-fusion-sys", "tensor-fusion-scheduler", None),
+        lease("kube-node-lease", "node-1", "node-1")]})
+    report = build_report(snapshot)
+    assert report["leaders"] == [
+        {"lease": "tensor-fusion-sys/tensor-fusion-expander", "role": "controllers",
+         "holder": "tfe-scheduler-7d9-abcde_1f2e3d4c", "renewed": "2026-12-04T14:00:00.000000Z"},
+        {"lease": "tensor-fusion-sys/tensor-fusion-scheduler", "role": "scheduler", "holder": "",
+         "renewed": "2026-12-04T14:00:00.000000Z"}]
+    lines = render_table(report).splitlines()
+    assert lines[lines.index("Leaders:") + 1:] == [
+        "  controllers (Lease tensor-fusion-sys/tensor-fusion-expander): tfe-scheduler-7d9-abcde_1f2e3d4c, "
+        "renewed 2026-12-04T14:00:00.000000Z",
+        "  scheduler (Lease tensor-fusion-sys/tensor-fusion-scheduler): released, none yet"]
 
 
 def test_cli_parses_status(tmp_path: Any, capsys: pytest.CaptureFixture[str]):
@@ -199,7 +233,7 @@ def test_status_names_the_resource_the_api_server_does_not_serve(
     captured = capsys.readouterr()
     assert captured.err.startswith(stderr) and len(captured.err.splitlines()) == 1, captured.err
     if code == 0:
-        assert json.loads(captured.out) == {"pools": [], "quotas": [], "waitingGangs": []}
+        assert json.loads(captured.out) == {"pools": [], "quotas": [], "waitingGangs": [], "leaders": []}
 
 
 def test_waiting_gangs_are_listed_and_running_ones_are_not():

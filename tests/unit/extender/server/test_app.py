@@ -103,6 +103,11 @@ async def test_filter_with_node_names_answers_names_and_classifies_failures(http
                                                "NodeNames": ["n1", "n2", "n3"]})
     assert status == 200
     assert body["NodeNames"] == ["n2"] and body["Nodes"] is None and body["Error"] == ""
+    # with a node to go to, kube-scheduler reads no reasons: none are sent
+    assert body["FailedNodes"] == {} and body["FailedAndUnresolvableNodes"] == {}
+    _, body = await post(http, "filter", {"Pod": wire_pod("a", "u-a", tflops="20"), "Nodes": None,
+                                          "NodeNames": ["n1", "n3"]})
+    assert body["NodeNames"] == []
     assert "20 TFLOPS" in body["FailedNodes"]["n1"]  # busy: preemption could help
     assert body["FailedAndUnresolvableNodes"] == {"n3": "node has no GPUs known to the extender"}
 
@@ -127,6 +132,10 @@ async def test_filter_with_full_nodes_echoes_the_fitting_node_objects(http: Any)
     assert status == 200
     assert body["Nodes"]["items"] == [wire_node("n1")]
     assert body["NodeNames"] is None
+    nodes["items"] = [wire_node("n2"), wire_node("n3")]
+    _, body = await post(http, "filter", {"Pod": wire_pod("a", "u-a", tflops="50"), "Nodes": nodes,
+                                          "NodeNames": None})
+    assert body["Nodes"]["items"] == []
     assert "exceeds the largest GPU" in body["FailedAndUnresolvableNodes"]["n2"]
 
 

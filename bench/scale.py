@@ -1,0 +1,176 @@
+"""The published scale run: kube-scheduler alone, with tf-extender and with the stateless floor extender,
+in the same run on the same kwok nodes, at the sizes users of the anchors compare (not CI; hours on 2 cores).
+
+Per size (NODES x 8 GPUs, PODS pods), each phase on its own namespace with the same unthrottled scheduler
+configuration (qps 500 / burst 1000, so no phase is capped by a client rate limit):
+
+- ``baseline``: kube-scheduler alone, whole GPUs (``nvidia.com/gpu: 1``);
+- ``tf``: kube-scheduler + tf-extender, fractional pods (TensorFusion's benchmark shapes);
+- ``tf-whole``: kube-scheduler + tf-extender, one whole GPU per pod (``isolation: shared``);
+- ``floor``: kube-scheduler + bench/floor_extender.py (no state; the same Binding and Event writes).
+
+Reported: pods/s and its ratios to the baseline and to the floor, p50/p99 of each extender verb, the
+extender's CPU ms per bound pod and RSS at the end, kube-apiserver requests per bound pod. The KAI-comparable
+row is ``--kai``: 500 nodes, 4,000 one-GPU pods (KAI-Scheduler's published scale test placed 4,000 one-GPU
+jobs on 500 kwok nodes in 6 min 38 s).
+
+    python -m bench.scale --sizes 1000x10000,5000x50000   # the published sizes
+    python -m bench.scale --sizes 100x1000 --kai           # what a 2-core machine gets through
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from bench import fixtures
+from bench.common import RESULTS_DIR, TMP_DIR, Table, log, ratio
+from bench.e2e_throughput import (
+    BASELINE_SCHEDULER,
+    NAMESPACE_BASE,
+    NAMESPACE_TF,
+    UNTHROTTLED,
+    create_nodes_and_gpus,
+    delete_pods,
+    fractional_pods,
+    run_phase,
+    start_extender,
+    stop_process,
+    whole_gpu_pods,
+)
+
+PUBLISHED = ((1000, 10000), (5000, 50000))
+KAI = (500, 4000)
+PHASES = ("baseline", "tf", "tf-whole", "floor")
+
+
+def whole_tf_pods(n: int) -> list[dict[str, Any]]:
+    """One whole GPU per pod through tf-extender, in the webhook's canonical form."""
+    pods = []
+    for i in range(n):
+        ann = fixtures.canonical_annotations(0, 0, 1, isolation="shared")
+        pod = fixtures.gpu_pod(f"tfw-{i:05d}", ann, index=i % 128 + 1, namespace=NAMESPACE_TF)
+        pod["metadata"].pop("uid", None)
+        pod.pop("status", None)
+        pods.append(pod)
+    return pods
+
+
+def rss_mb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+def run_size(cluster: Any, nodes: int, pods: int, phases: tuple[str, ...], timeout: float) -> dict[str, Any]:
+    from bench.cluster import cpl
+
+    kwok = cpl.start_kwok(cluster.cp, cluster.binaries["kwok"], cluster.binaries["kwok-stages"])
+    workdir = TMP_DIR / "scale"
+    workdir.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {"nodes": nodes, "pods": pods}
+    try:
+        create_nodes_and_gpus(cluster.api, nodes)
+        for phase in phases:
+            port = cpl.free_port()
+            cfg = cpl.scheduler_config(cluster.kubeconfig, f"http://127.0.0.1:{port}/scheduler")
+            cfg.setdefault("clientConnection", {}).update(UNTHROTTLED)
+            if phase == "baseline":
+                cfg.pop("extenders", None)
+                cfg["profiles"] = [{**cfg["profiles"][0], "schedulerName": BASELINE_SCHEDULER}]
+                res = run_phase(cluster, f"kube-scheduler-scale-{phase}", NAMESPACE_BASE,
+                                whole_gpu_pods(pods), cfg, timeout, kwok_pid=kwok.pid)
+                delete_pods(cluster.api, NAMESPACE_BASE, timeout=timeout)
+            else:
+                extender = start_extender(cluster, port, workdir, floor=phase == "floor")
+                try:
+                    batch = whole_tf_pods(pods) if phase == "tf-whole" else fractional_pods(pods)
+                    res = run_phase(cluster, f"kube-scheduler-scale-{phase}", NAMESPACE_TF, batch, cfg,
+                                    timeout, extender_port=port, extender_pid=extender.pid,
+                                    kwok_pid=kwok.pid)
+                    res["extender_rss_mb"] = rss_mb(extender.pid)
+                finally:
+                    stop_process(extender)
+                delete_pods(cluster.api, NAMESPACE_TF, timeout=timeout)
+            out[phase] = res
+    finally:
+        kwok.stop()
+    return out
+
+
+def table(runs: list[dict[str, Any]]) -> Table:
+    t = Table("Scale run: pods/s and cost per pod, each phase beside kube-scheduler alone and the floor",
+              ["nodes x 8 GPUs", "pods", "phase", "bound", "pods/s", "/ kube-scheduler", "/ floor",
+               "filter p50/p99 ms", "bind p50/p99 ms", "extender CPU ms/pod", "RSS MB", "API requests/pod"])
+    for run in runs:
+        base, floor = run.get("baseline", {}), run.get("floor", {})
+        for phase in PHASES:
+            x = run.get(phase)
+            if not x:
+                continue
+            verbs = x.get("extender", {})
+
+            def q(verb: str, v: dict[str, Any] = verbs) -> str:
+                got = v.get(verb) or {}
+                p50, p99 = got.get("p50_s"), got.get("p99_s")
+                return "-" if p50 is None else f"{1e3 * p50:.2f} / {1e3 * (p99 or 0):.2f}"
+
+            cpu = x.get("cpu_seconds", {}).get("tf-extender")
+            requests = sum(x.get("apiserver_requests", {}).values())
+            t.add(run["nodes"], run["pods"], phase, f"{x['bound']}/{x['pods']}", x["pods_per_s"],
+                  ratio(x["pods_per_s"], base.get("pods_per_s")),
+                  ratio(x["pods_per_s"], floor.get("pods_per_s")) if phase != "baseline" else None,
+                  q("filter"), q("bind") if phase != "baseline" else "-",
+                  round(1e3 * cpu / max(1, x["bound"]), 2) if cpu is not None else None,
+                  x.get("extender_rss_mb"), round(requests / max(1, x["bound"]), 2))
+    t.notes += [
+        "Every phase unthrottled (kube-scheduler qps 500 / burst 1000); pods/s = (bound - 1) / (last bind - "
+        "first bind). API requests: every client's, kwok's and the benchmark's own watch included.",
+    ]
+    return t
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default=",".join(f"{n}x{p}" for n, p in PUBLISHED),
+                        help="comma list of NODESxPODS (default: the published 1000x10000,5000x50000)")
+    parser.add_argument("--kai", action="store_true",
+                        help="also the KAI-comparable row: 500x4000, one GPU each")
+    parser.add_argument("--phases", default=",".join(PHASES), help=f"comma list of {', '.join(PHASES)}")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds a phase may take")
+    args = parser.parse_args(argv)
+    try:
+        sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",") if s]
+    except ValueError:
+        parser.error(f"--sizes wants NODESxPODS,..., not {args.sizes!r}")
+    phases = tuple(p for p in args.phases.split(",") if p)
+    if unknown := set(phases) - set(PHASES):
+        parser.error(f"unknown phases {sorted(unknown)}; known: {', '.join(PHASES)}")
+    runs: list[dict[str, Any]] = []
+    from bench.cluster import BenchCluster
+
+    for nodes, pods in [*sizes, *([KAI] if args.kai else [])]:
+        cluster = BenchCluster(TMP_DIR / f"controlplane-scale-{nodes}").start()
+        started = time.monotonic()
+        try:
+            kai = (nodes, pods) == KAI and args.kai
+            run = run_size(cluster, nodes, pods, ("baseline", "tf-whole") if kai else phases, args.timeout)
+        finally:
+            cluster.stop()
+        run["wall_s"] = round(time.monotonic() - started, 1)
+        runs.append(run)
+        log(f"scale: {nodes}x{pods} done in {run['wall_s']} s")
+        (RESULTS_DIR / "scale.json").write_text(json.dumps(runs, indent=1, default=str))
+    print(table(runs).markdown())
+
+
+if __name__ == "__main__":
+    main()
