@@ -358,9 +358,9 @@ class Cluster:
             devices = self.devices.get(node)
             if not devices:
                 return ()  # not kept: the names asked about are not bounded, the nodes with GPUs are
-            usage = self.ledger.usage
+            usage, holders = self.ledger.usage, self.ledger.holder_count
             slots = self._slot_cache[node] = tuple(
-                Slot(device, (used := usage(device.name)).tflops, used.vram, used.whole)
+                Slot(device, (used := usage(device.name)).tflops, used.vram, used.whole, holders(device.name))
                 for device in devices)
         return slots
 

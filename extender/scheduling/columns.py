@@ -37,7 +37,7 @@ class GPUColumns:
         self._codes: dict[str, int] = {}  # pool, model and vendor strings -> small integers
         self._size = 0
         empty = np.zeros(0, dtype=_INT)
-        self.node = self.cap_t = self.cap_v = self.used_t = self.used_v = self.whole = empty
+        self.node = self.cap_t = self.cap_v = self.used_t = self.used_v = self.whole = self.holders = empty
         self.pool = self.model = self.vendor = self.index = self.ok = empty
         self._alloc(1024)
         self._pods = np.zeros(256, dtype=_INT)
@@ -50,8 +50,8 @@ class GPUColumns:
         other._node_ids, other._codes = dict(self._node_ids), dict(self._codes)
         other._rows = {node: list(rows) for node, rows in self._rows.items()}
         other._free, other._dirty = list(self._free), set(self._dirty)
-        for name in ("node", "cap_t", "cap_v", "used_t", "used_v", "whole", "pool", "model", "vendor",
-                     "index", "ok", "_pods"):
+        for name in ("node", "cap_t", "cap_v", "used_t", "used_v", "whole", "holders", "pool", "model",
+                     "vendor", "index", "ok", "_pods"):
             setattr(other, name, getattr(self, name).copy())
         return other
 
@@ -64,6 +64,7 @@ class GPUColumns:
         self.node = grow(self.node, -1)  # -1: a free row
         self.cap_t, self.cap_v = grow(self.cap_t, 0), grow(self.cap_v, 0)
         self.used_t, self.used_v, self.whole = grow(self.used_t, 0), grow(self.used_v, 0), grow(self.whole, 0)
+        self.holders = grow(self.holders, 0)
         self.pool, self.model, self.vendor = grow(self.pool, -1), grow(self.model, -1), grow(self.vendor, -1)
         self.index, self.ok = grow(self.index, -1), grow(self.ok, 0)  # ok: schedulable
         self._free.extend(range(size - 1, self._size - 1, -1))
@@ -114,6 +115,7 @@ class GPUColumns:
             self.used_t[rows] = [s.used_tflops for s in slots]
             self.used_v[rows] = [s.used_vram for s in slots]
             self.whole[rows] = [s.whole_holders for s in slots]
+            self.holders[rows] = [s.holders for s in slots]
             self.pool[rows] = [self._code(d.pool) for d in devices]
             self.model[rows] = [self._code(d.model) for d in devices]
             self.vendor[rows] = [self._code(d.vendor) for d in devices]
@@ -133,7 +135,7 @@ class GPUColumns:
         if pool is not None:
             mask = self._matching(request, pool)
             if demand.whole:
-                mask &= (self.used_t == 0) & (self.used_v == 0) & (self.whole == 0)
+                mask &= (self.used_t == 0) & (self.used_v == 0) & (self.whole == 0) & (self.holders == 0)
             else:
                 need_t = self._need_t(demand)
                 if need_t is None:

@@ -311,6 +311,10 @@ class Ledger:
     def allocations_on(self, node: str) -> list[Allocation]:
         return [self._effective[uid] for uid in sorted(self._by_node.get(node, ()))]
 
+    def holder_count(self, gpu: str) -> int:
+        """How many allocations hold the GPU, of any size (a request of nothing holds it too)."""
+        return len(self._holders.get(gpu, ()))
+
     def holders(self, gpu: str) -> list[Allocation]:
         return [self._effective[uid] for uid in sorted(self._holders.get(gpu, ()))]
 

@@ -57,6 +57,7 @@ class Slot:
     used_tflops: int = 0  # nano-TFLOPS
     used_vram: int = 0
     whole_holders: int = 0  # shared pods holding the GPU whole
+    holders: int = 0  # pods on the GPU, of any size: a shared pod takes only a GPU that none holds
     # ``load`` of this use, worked out once: the modes sort and average by it many times per pod
     used: float = field(init=False, repr=False, compare=False)
 
@@ -79,7 +80,7 @@ class Slot:
 
     @property
     def idle(self) -> bool:
-        return self.used_tflops == 0 and self.used_vram == 0 and self.whole_holders == 0
+        return self.used_tflops == 0 and self.used_vram == 0 and self.whole_holders == 0 and self.holders == 0
 
 
 @dataclass(frozen=True)

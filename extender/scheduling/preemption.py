@@ -84,13 +84,14 @@ def _fits_without(slots: Sequence[Slot], request: GPURequest, pods_on_node: int,
     for victim in released:
         here += any(gpu in names for gpu in victim.shares)
         for gpu, share in victim.shares.items():
-            total = freed.setdefault(gpu, [0, 0, 0])
+            total = freed.setdefault(gpu, [0, 0, 0, 0])
             total[0] += share.tflops
             total[1] += share.vram
             total[2] += share.whole
+            total[3] += 1
     trial = [
         replace(s, used_tflops=s.used_tflops - f[0], used_vram=s.used_vram - f[1],
-                whole_holders=s.whole_holders - f[2])
+                whole_holders=s.whole_holders - f[2], holders=s.holders - f[3])
         if (f := freed.get(s.name)) else s
         for s in slots
     ]

@@ -41,7 +41,8 @@ def take(slots: list[Slot], positions: Iterable[int], request: GPURequest) -> No
         slot = slots[i]
         tflops, vram = share_on(request, slot.device.capacity_tflops, slot.device.capacity_vram)
         whole = slot.whole_holders + (1 if request.takes_whole_gpu else 0)
-        slots[i] = Slot(slot.device, slot.used_tflops + tflops, slot.used_vram + vram, whole)
+        slots[i] = Slot(slot.device, slot.used_tflops + tflops, slot.used_vram + vram, whole,
+                        slot.holders + 1)
 
 
 def empty_copy_fits(devices: Iterable[GPUDevice], request: GPURequest) -> bool:

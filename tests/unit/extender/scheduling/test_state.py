@@ -233,6 +233,18 @@ def test_shared_takes_a_whole_idle_gpu_and_blocks_fractional_pods() -> None:
     assert state.filter(second, ["n"]).failed["n"].startswith("need 1 idle GPU in pool p; 0 idle")
 
 
+def test_a_gpu_held_by_a_pod_of_no_size_is_not_idle_for_a_shared_pod() -> None:
+    """A pod asking for nothing still holds its GPU: a shared pod (the GPU whole, alone) is refused there at
+    the filter and at the bind alike, so a burst never lets the two meet (one by one never does)."""
+    state = make(gpu("g0", "n"), bound("nothing", "n", "g0", "0", "0"))
+    shared = pod("s", None, "0", annotations={"tensor-fusion.ai/isolation": "shared"})
+    assert state.filter(shared, ["n"]).fits == []
+    with pytest.raises(PlacementError, match="idle"):
+        state.reserve(shared, "n")
+    state.apply(Kind.POD, "DELETED", bound("nothing", "n", "g0", "0", "0"))
+    assert state.filter(shared, ["n"]).fits == ["n"]
+
+
 def test_percent_request_uses_each_gpus_capacity() -> None:
     state = make(gpu("big", "n", tflops="1000"))
     state.reserve(pod("a", None, annotations={"tensor-fusion.ai/compute-percent-request": "25"}), "n")
