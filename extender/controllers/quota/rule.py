@@ -21,10 +21,11 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any, Protocol
 
+from extender.common.contract import GPURequest
 from extender.common.pods import pod_key, pod_uid
 from extender.controllers.quota.controller import QuotaMetrics
 from extender.quota import Refusal
-from extender.quota.book import QuotaBook
+from extender.quota.book import QuotaBook, pod_namespace
 from extender.scheduling.state import FilterOutcome, refused_outcome
 from extender.server.hooks import FilterHook
 
@@ -94,14 +95,8 @@ class QuotaRule(FilterHook):
     def _smallest(self, pod: dict[str, Any], node_names: Sequence[str]) -> tuple[Fraction, int] | None:
         """For a request counted on the GPUs it lands on: the least TFLOPS and VRAM of the GPUs of its pool
         on the candidate nodes (a lower bound of what it takes); None for other requests or no GPU."""
-        book = self.book
-        if not book.quotas(str((pod.get("metadata") or {}).get("namespace") or "")):
-            return None
-        try:
-            request = book.state.request_of(pod)
-        except Exception:
-            return None
-        if not (request.takes_whole_gpu or request.uses_percent):
+        request = self._counted_on_its_gpus(pod)
+        if request is None:
             return None
         gpus = [g for name in node_names for g in self.node_gpus(name) if g.pool == request.pool]
         if not gpus:
@@ -118,16 +113,22 @@ class QuotaRule(FilterHook):
         log.info("bind refused by quota", extra={"pod": pod_key(pod), "reason": refusal.message})
         return refusal.message
 
-    def admit_reserved(self, pod: dict[str, Any], node: str, gpu_ids: Sequence[str]) -> str | None:
-        book = self.book
-        if not book.quotas(str((pod.get("metadata") or {}).get("namespace") or "")):
+    def _counted_on_its_gpus(self, pod: dict[str, Any]) -> GPURequest | None:
+        """The pod's request when a quota applies to it and it counts in the TFLOPS and VRAM of the GPUs it
+        lands on (a percent of a GPU, or a whole one); None otherwise (its amounts are its own)."""
+        if not self.book.quotas(pod_namespace(pod)):
             return None
         try:
-            request = book.state.request_of(pod)
+            request = self.book.state.request_of(pod)
         except Exception:
             return None
-        if not (request.takes_whole_gpu or request.uses_percent):
-            return None  # its amounts did not depend on the GPUs: admit has checked it
+        return request if request.takes_whole_gpu or request.uses_percent else None
+
+    def admit_reserved(self, pod: dict[str, Any], node: str, gpu_ids: Sequence[str]) -> str | None:
+        book = self.book
+        request = self._counted_on_its_gpus(pod)
+        if request is None:
+            return None  # no quota, or its amounts did not depend on the GPUs: admit has checked it
         capacities = [book.state.gpu_capacity(gpu) or (Fraction(0), 0) for gpu in gpu_ids]
         refusal = book.refusal(pod, request, capacities)
         if refusal is None:
