@@ -14,6 +14,7 @@ from fractions import Fraction
 from typing import Any
 
 from extender.common.cron import CronError, CronSchedule
+from extender.common.numbers import shown
 from extender.common.quantity import QuantityError, parse_quantity
 
 NS = 10**9
@@ -40,9 +41,9 @@ class Resources:
     def from_json(cls, obj: Any, path: str, problems: list[str]) -> Resources:
         """TensorFusion's ``{requests: {tflops, vram}, limits: {tflops, vram}}``; absent parts are zero."""
         values: dict[str, Fraction] = {}
-        obj = obj if isinstance(obj, dict) else {}
+        obj = typed_fields(obj, path, {"requests": "object", "limits": "object"}, problems)
         for side in ("requests", "limits"):
-            part = obj.get(side) if isinstance(obj.get(side), dict) else {}
+            part = typed_fields(obj.get(side), f"{path}.{side}", {"tflops": "text", "vram": "text"}, problems)
             for name in ("tflops", "vram"):
                 raw = part.get(name)
                 value = Fraction(0)
@@ -50,10 +51,10 @@ class Resources:
                     try:
                         value = parse_quantity(str(raw)).value
                     except QuantityError:
-                        problems.append(f"{path}.{side}.{name}: {raw!r} is not a quantity")
+                        problems.append(f"{path}.{side}.{name}: {shown(raw)} is not a quantity")
                     else:
                         if value < 0:
-                            problems.append(f"{path}.{side}.{name}: {raw!r} is negative")
+                            problems.append(f"{path}.{side}.{name}: {shown(raw)} is negative")
                             value = Fraction(0)
                 values[f"{side[:3]}_{name}"] = value
         return cls(values["req_tflops"], values["req_vram"], values["lim_tflops"], values["lim_vram"])
@@ -142,6 +143,35 @@ class AutoScalingConfig:
 BASE = "spec.autoScalingConfig"
 
 
+_KINDS = {"bool": "a boolean", "text": "text", "number": "a number", "object": "an object"}
+
+
+def _of_kind(raw: Any, kind: str) -> bool:
+    if kind == "bool":
+        return isinstance(raw, bool)
+    if kind == "object":
+        return isinstance(raw, dict)
+    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+        return False  # YAML may give text as a number, never as a boolean, a list or a date
+    return kind == "number" or not isinstance(raw, float) or math.isfinite(raw)
+
+
+def typed_fields(obj: Any, path: str, kinds: dict[str, str], problems: list[str]) -> dict[str, Any]:
+    """``obj`` (an object, else none) without the fields whose value is not of the kind the CRD gives them
+    (``kinds``: bool, text, number, object), each named: the API server refuses such values, a snapshot
+    may still hold them, and the parsers then read the field as absent."""
+    if obj is None:
+        return {}
+    if not isinstance(obj, dict):
+        problems.append(f"{path}: {shown(obj)} is not an object; read as absent")
+        return {}
+    wrong = [key for key, kind in kinds.items() if obj.get(key) not in (None, "")
+             and not _of_kind(obj[key], kind)]
+    for key in wrong:
+        problems.append(f"{path}.{key}: {shown(obj[key])} is not {_KINDS[kinds[key]]}; read as absent")
+    return {k: v for k, v in obj.items() if k not in wrong}
+
+
 def parse_config(obj: Any, path: str = BASE) -> AutoScalingConfig:
     problems: list[str] = []
     if not isinstance(obj, dict):
@@ -221,10 +251,10 @@ def _duration(raw: Any, default_ns: int, where: str, problems: list[str], *, pos
     try:
         ns = go_duration_ns(str(raw))
     except ValueError:
-        problems.append(f"{where}: {raw!r} is not a duration (like 30m or 2h); using the default")
+        problems.append(f"{where}: {shown(raw)} is not a duration (like 30m or 2h); using the default")
         return default_ns
     if positive and ns <= 0:
-        problems.append(f"{where}: {raw!r} must be positive; using the default")
+        problems.append(f"{where}: {shown(raw)} must be positive; using the default")
         return default_ns
     return ns
 
@@ -235,6 +265,9 @@ def _auto_set(obj: Any, path: str, problems: list[str]) -> AutoSetResources | No
     if not isinstance(obj, dict):
         problems.append(f"{path}: expected an object")
         return None
+    obj = typed_fields(obj, path, {"enable": "bool", "targetResource": "text", "historyDataPeriod": "text",
+                                   "initialDelayPeriod": "text", "interval": "text",
+                                   **{key: "number" for key, _, _ in _FLOAT_FIELDS}}, problems)
     values: dict[str, float] = {}
     defaults = Percentiles()
     for key, attr, is_percentile in _FLOAT_FIELDS:
@@ -244,17 +277,18 @@ def _auto_set(obj: Any, path: str, problems: list[str]) -> AutoSetResources | No
         try:
             value = go_float(str(raw))
         except ValueError:
-            problems.append(f"{path}.{key}: {raw!r} is not a number; using the default "
+            problems.append(f"{path}.{key}: {shown(raw)} is not a number; using the default "
                             f"{getattr(defaults, attr)}")
             continue
         if not math.isfinite(value) or value < 0 or (is_percentile and value > 1):
-            problems.append(f"{path}.{key}: {raw!r} is outside {'0-1' if is_percentile else '0 and up'}; "
+            allowed = "0-1" if is_percentile else "0 and up"
+            problems.append(f"{path}.{key}: {shown(raw)} is outside {allowed}; "
                             f"using the default {getattr(defaults, attr)}")
             continue
         values[attr] = value
     target = str(obj.get("targetResource") or "").lower()
     if target and target not in TARGETS:
-        problems.append(f"{path}.targetResource: {obj.get('targetResource')!r} is not one of "
+        problems.append(f"{path}.targetResource: {shown(obj.get('targetResource'))} is not one of "
                         f"{', '.join(TARGETS)}; nothing is resized")
         target = ""
     # the histograms' half-life is half of the period, however long; only the history read at start is
@@ -284,18 +318,20 @@ def _cron_rules(obj: Any, path: str, problems: list[str]) -> tuple[CronRule, ...
         if not isinstance(raw, dict):
             problems.append(f"{where}: expected an object")
             continue
+        raw = typed_fields(raw, where, {"enable": "bool", "name": "text", "start": "text", "end": "text",
+                                        "desiredResources": "object"}, problems)
         # TensorFusion skips these silently
         if raw.get("enable") is not True or not raw.get("name") or not raw.get("start") or not raw.get("end"):
             continue
         if raw["start"] == raw["end"]:
-            problems.append(f"{where}: start and end are the same ({raw['start']!r}); rule ignored")
+            problems.append(f"{where}: start and end are the same ({shown(raw['start'])}); rule ignored")
             continue
         parsed = []
         for key in ("start", "end"):
             try:  # the whole string, CRON_TZ= prefix included, as TensorFusion's parser reads it
                 parsed.append(CronSchedule.parse(str(raw[key])))
             except CronError as err:
-                problems.append(f"{where}.{key}: {raw[key]!r}: {err}; rule ignored")
+                problems.append(f"{where}.{key}: {shown(raw[key])}: {str(err)[:200]}; rule ignored")
         if len(parsed) != 2:
             continue
         desired = Resources.from_json(raw.get("desiredResources"), f"{where}.desiredResources", problems)
@@ -309,11 +345,13 @@ def _external(obj: Any, path: str, problems: list[str]) -> ExternalScaler | None
     if not isinstance(obj, dict):
         problems.append(f"{path}: expected an object")
         return None
+    obj = typed_fields(obj, path, {"enable": "bool", "url": "text", "initialDelayPeriod": "text",
+                                   "apiKeySecretRef": "object"}, problems)
     if obj.get("enable") is not True:
         return None
     url = str(obj.get("url") or "")
     if not url.startswith(("http://", "https://")):
-        problems.append(f"{path}.url: {obj.get('url')!r} is not an http(s) URL; external scaler ignored")
+        problems.append(f"{path}.url: {shown(obj.get('url'))} is not an http(s) URL; external scaler ignored")
         return None
     raw_ref = obj.get("apiKeySecretRef")
     ref: dict[str, Any] = raw_ref if isinstance(raw_ref, dict) else {}
