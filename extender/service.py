@@ -187,9 +187,15 @@ class ExtenderService:
         self.handlers = Handlers(self.state, self.binder, self.metrics, unsynced=self.unsynced,
                                  hooks=verb_hooks, deadline=settings.deadline,
                                  bind_deadline=settings.bind_deadline,
-                                 first_choice_only=settings.filter_first_choice, pdb=self.pdb)
+                                 first_choice_only=settings.filter_first_choice, pdb=self.pdb,
+                                 role=self._role if self.leadership is not None else None)
         self.metrics.on_scrape(self.refresh_gauges)
         self.metrics.registry.register(StrandedCollector(self.core.pods, self.core.nodes))
+
+    def _role(self) -> str:
+        """This replica as /readyz names it: the one whose leader-only controllers act, or a standby."""
+        leadership = self.leadership
+        return "leader" if leadership is not None and leadership.is_leader else "standby"
 
     def _room_gained(self, nodes: Any) -> None:
         for sink in self._room_sinks:

@@ -62,7 +62,8 @@ class Handlers:
     def __init__(self, state: ClusterState, binder: Binder, metrics: Metrics, *,
                  unsynced: Callable[[], list[str]], hooks: FilterHooks | None = None,
                  deadline: float = DEFAULT_DEADLINE, bind_deadline: float = DEFAULT_BIND_DEADLINE,
-                 first_choice_only: bool = False, pdb: PdbCheck | None = None) -> None:
+                 first_choice_only: bool = False, pdb: PdbCheck | None = None,
+                 role: Callable[[], str] | None = None) -> None:
         self.state = state
         self.pdb = pdb  # PodDisruptionBudgets for the preempt verb's victims and NumPDBViolations
         self.binder = binder
@@ -74,6 +75,8 @@ class Handlers:
         # filter answers only the node prioritize would score 10 (the scheduler then skips prioritize)
         self.first_choice_only = first_choice_only
         self._metric_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        # what /readyz says of this replica beside "ok": "leader" or "standby" (None: no leader election)
+        self.role = role
 
     def _not_ready(self) -> str | None:
         waiting = self.unsynced()
@@ -225,7 +228,10 @@ class Handlers:
 
     async def readyz(self, request: web.Request) -> web.StreamResponse:
         problem = self._not_ready()
-        return web.Response(text=problem or "ok", status=503 if problem else 200)
+        if problem:
+            return web.Response(text=problem, status=503)
+        # both replicas serve the verbs; the body says which one's leader-only controllers act
+        return web.Response(text=f"ok: {self.role()}" if self.role is not None else "ok")
 
     async def metrics_page(self, request: web.Request) -> web.StreamResponse:
         body = self.metrics.render()

@@ -267,6 +267,11 @@ async def test_before_sync_every_verb_asks_the_scheduler_to_retry(http: Any, wor
     assert response.status == 503
     world.unsynced = []
     assert (await http.get("/readyz")).status == 200
+    leading = [False]
+    world.handlers.role = lambda: "leader" if leading[0] else "standby"
+    assert await (await http.get("/readyz")).text() == "ok: standby"
+    leading[0] = True
+    assert await (await http.get("/readyz")).text() == "ok: leader"
     assert (await http.get("/healthz")).status == 200
 
 
