@@ -100,11 +100,7 @@ class AssumeCache:
             verdict.fitting, request, cluster.mode_for(request.pool), cluster.topology_for(request.pool))
         priority = pod_priority(pod)
         allocation = Allocation(uid, key, node, gpu_ids, request, priority)
-        tier = None
-        if len(gpu_ids) > 1:
-            source = topology_settings(request, cluster.topology_for(request.pool)).source
-            tier = int(tier_of(cluster.slots(node), gpu_ids, source))
-        reservation = Reservation(key, uid, node, gpu_ids, request, tier)
+        reservation = Reservation(key, uid, node, gpu_ids, request, _tier(cluster, node, gpu_ids, request))
         self._reservations[uid] = (reservation, allocation)
         self._add_reserved_pod(PodRecord(uid, key, node, "", pod_index(pod), priority))
         cluster.touch(ledger.reserve(allocation))
@@ -118,7 +114,8 @@ class AssumeCache:
             raise PlacementError(f"its gang {gang} holds GPUs {','.join(held.gpu_ids)} for it on node "
                                  f"{held.node}, not {node}")
         del self._gang_holds[uid]
-        reservation = Reservation(held.pod_key, uid, node, held.gpu_ids, held.request)
+        reservation = Reservation(held.pod_key, uid, node, held.gpu_ids, held.request,
+                                  _tier(self._cluster, node, held.gpu_ids, held.request))
         self._reservations[uid] = (reservation, held)
         self._gang_reserved[uid] = gang
         self._add_reserved_pod(PodRecord(uid, held.pod_key, node, "", pod_index(pod), held.priority))
@@ -264,6 +261,14 @@ class AssumeCache:
         pods = [*map(records.__getitem__, on_node), *map(self._reserved_pods.__getitem__, reserved)]
         holders = [pod.key for pod in pods if waits_with_index(pod)]
         return min(holders) if holders else None  # the first by name, whatever the order of the sets
+
+
+def _tier(cluster: Cluster, node: str, gpu_ids: tuple[str, ...], request: GPURequest) -> int | None:
+    """The topology tier of a multi-GPU pod's GPUs (what its bind event and the placements metric name)."""
+    if len(gpu_ids) < 2:
+        return None
+    source = topology_settings(request, cluster.topology_for(request.pool)).source
+    return int(tier_of(cluster.slots(node), gpu_ids, source))
 
 
 def _held_gpus(hold: Allocation | None, node: str, request: GPURequest,

@@ -380,3 +380,19 @@ def test_a_namespace_quota_admits_the_whole_gang_or_none_of_it(total: str, place
     assert outcome is not None
     if not placed:
         assert "ml" in outcome.unresolvable["n1"] and "30" in outcome.unresolvable["n1"]
+
+
+def test_a_multi_gpu_members_bind_names_the_tier_of_its_held_gpus() -> None:
+    """A gang member's bind reports its GPUs' topology tier as any multi-GPU bind does (the bind event and
+    the placements metric read it); a one-GPU member has none."""
+    state = cluster()
+    k = keeper(state)
+    pods = [member(f"w{i}", required=2, desired=2, vram="10Gi") for i in range(2)]
+    for p in pods:
+        p["metadata"]["annotations"]["tensor-fusion.ai/gpu-count"] = "2"
+    for p in pods:
+        arrive(k, state, p)
+        k.before_filter(p, NODES)
+    holds = {a.uid: a for a in state.gang_holds()["ml/train"]}
+    reservation = state.reserve(pods[0], holds["uid-w0"].node)
+    assert len(reservation.gpu_ids) == 2 and reservation.tier is not None
