@@ -104,10 +104,10 @@ class TcpProxy:
                     s.close()
 
 
-def proxied_kubeconfig(cp: ControlPlane, proxy: TcpProxy, path: Path) -> Path:
-    """The admin kubeconfig with the server replaced by the proxy (the serving certificate is for
-    127.0.0.1, so TLS is unchanged)."""
-    cfg = yaml.safe_load(cp.kubeconfig.read_text())
+def proxied_kubeconfig(cp: ControlPlane, proxy: TcpProxy, path: Path, base: Path | None = None) -> Path:
+    """A kubeconfig of the control plane (``base``, default the admin's) with the server replaced by the
+    proxy (the serving certificate is for 127.0.0.1, so TLS is unchanged)."""
+    cfg = yaml.safe_load((base or cp.kubeconfig).read_text())
     cfg["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
     path.write_text(yaml.safe_dump(cfg))
     path.chmod(0o600)
@@ -199,10 +199,14 @@ class ReplicaSet:
         name = f"{self.profile}-{self.started}"
         proxy = TcpProxy(self.cp.apiserver_port)
         kubeconfig = proxied_kubeconfig(self.cp, proxy, self.cp.workdir / f"{name}.kubeconfig")
+        # the extender as its ServiceAccount, the one identity the shipped admission policy lets write GPU
+        # allocations (a module before this one may have installed it on the session's control plane)
+        extender_kubeconfig = proxied_kubeconfig(
+            self.cp, proxy, self.cp.workdir / f"{name}-extender.kubeconfig", base=self.cp.extender_kubeconfig)
         port = free_port()
         extender = self.cp.registry.start(
             f"tf-extender-{name}",
-            [console_script("tf-extender"), "serve", "--kubeconfig", kubeconfig, "--port", port,
+            [console_script("tf-extender"), "serve", "--kubeconfig", extender_kubeconfig, "--port", port,
              "--bind-address", "127.0.0.1", "--expansion-lease-namespace", self.namespace,
              "--no-gpu-reservations"],
             self.cp.log_dir)
