@@ -1,4 +1,4 @@
-"""The filter verb's extension points, one method each (kube-scheduler's one interface per point).
+"""The filter and bind verbs' extension points, one method each (kube-scheduler's one interface per point).
 
 The filter asks, in this order, every hook of the controller list (a hook leaves alone the points it has no
 use for):
