@@ -12,6 +12,7 @@ import argparse
 import math
 import re
 from collections.abc import Callable
+from typing import TypeVar
 
 MAX_DIGITS = 40  # far above any count, index, port or byte size a setting needs (2**64 has 20 digits)
 
@@ -21,6 +22,9 @@ _FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3
 
 class NumberError(ValueError):
     """A value that is not the number expected; the message names the value."""
+
+
+T = TypeVar("T")
 
 
 def shown(value: object, limit: int = 40) -> str:
@@ -88,23 +92,22 @@ def _check_range(value: object, number: float, minimum: float | None, maximum: f
                           + (f" (expected {minimum}..{maximum})" if minimum is not None else ""))
 
 
-def int_flag(minimum: int | None = None, maximum: int | None = None) -> Callable[[str], int]:
-    """The argparse ``type`` of an integer flag: :func:`parse_int` with argparse's error."""
-    def convert(text: str) -> int:
+def _flag(parse: Callable[[str], T], name: str) -> Callable[[str], T]:
+    """An argparse ``type`` from a parse that raises ``NumberError``: argparse's error with its message."""
+    def convert(text: str) -> T:
         try:
-            return parse_int(text, minimum=minimum, maximum=maximum)
+            return parse(text)
         except NumberError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
-    convert.__name__ = "integer"
+    convert.__name__ = name
     return convert
+
+
+def int_flag(minimum: int | None = None, maximum: int | None = None) -> Callable[[str], int]:
+    """The argparse ``type`` of an integer flag: :func:`parse_int` with argparse's error."""
+    return _flag(lambda text: parse_int(text, minimum=minimum, maximum=maximum), "integer")
 
 
 def float_flag(minimum: float | None = None, maximum: float | None = None) -> Callable[[str], float]:
     """The argparse ``type`` of a number flag: :func:`parse_float` with argparse's error."""
-    def convert(text: str) -> float:
-        try:
-            return parse_float(text, minimum=minimum, maximum=maximum)
-        except NumberError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    convert.__name__ = "number"
-    return convert
+    return _flag(lambda text: parse_float(text, minimum=minimum, maximum=maximum), "number")
