@@ -46,8 +46,9 @@ def _install_cleanup() -> None:
 class BenchCluster:
     """etcd + kube-apiserver with the project's CRDs, binaries built (or cached) by the e2e script."""
 
-    def __init__(self, workdir: Path | None = None) -> None:
+    def __init__(self, workdir: Path | None = None, apiserver_args: list[str] | None = None) -> None:
         self.workdir = workdir or TMP_DIR / "controlplane"
+        self.apiserver_args = list(apiserver_args or [])
         self.binaries: dict[str, Path] = {}
         self.cp: Any = None
         self.api: Any = None
@@ -59,7 +60,7 @@ class BenchCluster:
         self.workdir.mkdir(parents=True)
         log("control plane: building/caching binaries (tests/harness/build-control-plane.sh)")
         self.binaries = cpl.build_binaries()
-        self.cp = cpl.ControlPlane(self.workdir, self.binaries)
+        self.cp = cpl.ControlPlane(self.workdir, self.binaries, apiserver_args=self.apiserver_args)
         self.cp.start()
         self.api = self.cp.api_client()
         cpl.apply_crds(self.api, cpl.project_crd_files())

@@ -437,7 +437,7 @@ def start_extender(cluster: Any, port: int, workdir: Path, what_if: bool = False
         if proc.poll() is not None:
             raise RuntimeError(f"tf-extender exited with {proc.returncode}; see {workdir}/tf-extender.log")
         try:
-            if fetch(f"http://127.0.0.1:{port}/readyz").strip() == "ok":
+            if fetch(f"http://127.0.0.1:{port}/readyz").startswith("ok"):  # "ok: leader" / "ok: standby"
                 return proc
         except Exception:
             pass
