@@ -411,9 +411,10 @@ def run_phase(cluster: Any, name: str, namespace: str, pods: list[dict[str, Any]
     return out
 
 
-def start_extender(cluster: Any, port: int, workdir: Path, what_if: bool = False, floor: bool = False
-                   ) -> subprocess.Popen[bytes]:
-    """tf-extender, or (bench-only) its what-if patch or the floor extender, on ``port``."""
+def start_extender(cluster: Any, port: int, workdir: Path, what_if: bool = False, floor: bool = False,
+                   extra_args: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    """tf-extender, or (bench-only) its what-if patch or the floor extender, on ``port`` (``extra_args``
+    appended to ``serve``'s)."""
     import sys
 
     from bench.common import REPO_ROOT
@@ -429,7 +430,7 @@ def start_extender(cluster: Any, port: int, workdir: Path, what_if: bool = False
     # --no-gpu-reservations: the bench's nodes advertise nvidia.com/gpu for the baseline phase only; GPU
     # reservation pods (for the Cluster Autoscaler) are not what is measured here.
     proc = subprocess.Popen([*argv, "serve", "--port", str(port), "--bind-address", "127.0.0.1",
-                             "--kubeconfig", str(cluster.kubeconfig), "--no-gpu-reservations"],
+                             "--kubeconfig", str(cluster.kubeconfig), "--no-gpu-reservations", *extra_args],
                             cwd=str(REPO_ROOT),
                             stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 120

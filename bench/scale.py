@@ -7,6 +7,9 @@ configuration (qps 500 / burst 1000, so no phase is capped by a client rate limi
 - ``baseline``: kube-scheduler alone, whole GPUs (``nvidia.com/gpu: 1``; at most one pod per GPU);
 - ``tf``: kube-scheduler + tf-extender, fractional pods (TensorFusion's benchmark shapes);
 - ``tf-whole``: kube-scheduler + tf-extender, one whole GPU per pod (``isolation: shared``);
+- ``expand``: right after ``tf-whole`` has taken every GPU (and before its pods go), K more whole-GPU pods
+  and the real Karpenter: the time from a capacity-only failure to each pod bound on a new node
+  (bench/capacity_failure.py);
 - ``floor``: kube-scheduler + bench/floor_extender.py (no state; the same Binding and Event writes).
 
 Reported: pods/s and its ratios to the baseline and to the floor, p50/p99 of each extender verb, the
@@ -23,9 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 from typing import Any
 
-from bench import fixtures
+from bench import capacity_failure, fixtures
 from bench.common import RESULTS_DIR, TMP_DIR, Table, log, ratio
 from bench.e2e_throughput import (
     BASELINE_SCHEDULER,
@@ -43,7 +47,7 @@ from bench.e2e_throughput import (
 
 PUBLISHED = ((1000, 10000), (5000, 50000))
 KAI = (500, 4000)
-PHASES = ("baseline", "tf", "tf-whole", "floor")
+PHASES = ("baseline", "tf", "tf-whole", "expand", "floor")
 
 
 # kube-apiserver deletes a collection's objects one at a time by default: 10,000 pods took minutes between
@@ -56,12 +60,12 @@ def whole_pod_count(nodes: int, pods: int) -> int:
     return min(pods, nodes * 8)
 
 
-def whole_tf_pods(n: int) -> list[dict[str, Any]]:
+def whole_tf_pods(n: int, prefix: str = "tfw", namespace: str = NAMESPACE_TF) -> list[dict[str, Any]]:
     """One whole GPU per pod through tf-extender, in the webhook's canonical form."""
     pods = []
     for i in range(n):
         ann = fixtures.canonical_annotations(0, 0, 1, isolation="shared")
-        pod = fixtures.gpu_pod(f"tfw-{i:05d}", ann, index=i % 128 + 1, namespace=NAMESPACE_TF)
+        pod = fixtures.gpu_pod(f"{prefix}-{i:05d}", ann, index=i % 128 + 1, namespace=namespace)
         pod["metadata"].pop("uid", None)
         pod.pop("status", None)
         pods.append(pod)
@@ -79,7 +83,8 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
-def run_size(cluster: Any, nodes: int, pods: int, phases: tuple[str, ...], timeout: float) -> dict[str, Any]:
+def run_size(cluster: Any, nodes: int, pods: int, phases: tuple[str, ...], timeout: float,
+             expand_pods: int = 8, expansion_delay: float | None = None) -> dict[str, Any]:
     from bench.cluster import cpl
 
     kwok = cpl.start_kwok(cluster.cp, cluster.binaries["kwok"], cluster.binaries["kwok-stages"])
@@ -89,6 +94,8 @@ def run_size(cluster: Any, nodes: int, pods: int, phases: tuple[str, ...], timeo
     try:
         create_nodes_and_gpus(cluster.api, nodes)
         for phase in phases:
+            if phase == "expand":  # runs inside tf-whole, on its full pool
+                continue
             port = cpl.free_port()
             cfg = cpl.scheduler_config(cluster.kubeconfig, f"http://127.0.0.1:{port}/scheduler")
             cfg.setdefault("clientConnection", {}).update(UNTHROTTLED)
@@ -109,6 +116,11 @@ def run_size(cluster: Any, nodes: int, pods: int, phases: tuple[str, ...], timeo
                     res["extender_rss_mb"] = rss_mb(extender.pid)
                 finally:
                     stop_process(extender)
+                if phase == "tf-whole" and "expand" in phases:
+                    out["expand"] = capacity_failure.measure(
+                        cluster, NAMESPACE_TF, pods=expand_pods,
+                        top_up=nodes * 8 - whole_pod_count(nodes, pods), delay=expansion_delay,
+                        timeout=timeout, workdir=workdir / "expand")
                 delete_pods(cluster.api, NAMESPACE_TF, timeout=timeout)
             out[phase] = res
     finally:
@@ -125,7 +137,7 @@ def table(runs: list[dict[str, Any]]) -> Table:
         base, floor = run.get("baseline", {}), run.get("floor", {})
         for phase in PHASES:
             x = run.get(phase)
-            if not x:
+            if not x or phase == "expand":
                 continue
             verbs = x.get("extender", {})
 
@@ -160,6 +172,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="also the KAI-comparable row: 500x4000, one GPU each")
     parser.add_argument("--phases", default=",".join(PHASES), help=f"comma list of {', '.join(PHASES)}")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds a phase may take")
+    parser.add_argument("--expand-pods", type=int, default=8,
+                        help="K: whole-GPU pods the expand phase adds to the full pool")
+    parser.add_argument("--expansion-delay", type=float, default=None,
+                        help="tf-extender --expansion-delay in the expand phase (default: the shipped one)")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "scale.json", help="the figures' JSON")
     args = parser.parse_args(argv)
     try:
         sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",") if s]
@@ -168,6 +185,10 @@ def main(argv: list[str] | None = None) -> None:
     phases = tuple(p for p in args.phases.split(",") if p)
     if unknown := set(phases) - set(PHASES):
         parser.error(f"unknown phases {sorted(unknown)}; known: {', '.join(PHASES)}")
+    if "expand" in phases and "tf-whole" not in phases:
+        parser.error("the expand phase runs on the pool tf-whole fills: --phases needs tf-whole with expand")
+    if args.expand_pods < 1:
+        parser.error(f"--expand-pods wants at least 1, not {args.expand_pods}")
     runs: list[dict[str, Any]] = []
     from bench.cluster import BenchCluster
 
@@ -176,14 +197,17 @@ def main(argv: list[str] | None = None) -> None:
         started = time.monotonic()
         try:
             kai = (nodes, pods) == KAI and args.kai
-            run = run_size(cluster, nodes, pods, ("baseline", "tf-whole") if kai else phases, args.timeout)
+            run = run_size(cluster, nodes, pods, ("baseline", "tf-whole") if kai else phases, args.timeout,
+                           expand_pods=args.expand_pods, expansion_delay=args.expansion_delay)
         finally:
             cluster.stop()
         run["wall_s"] = round(time.monotonic() - started, 1)
         runs.append(run)
         log(f"scale: {nodes}x{pods} done in {run['wall_s']} s")
-        (RESULTS_DIR / "scale.json").write_text(json.dumps(runs, indent=1, default=str))
+        args.out.write_text(json.dumps(runs, indent=1, default=str))
     print(table(runs).markdown())
+    if any("expand" in run for run in runs):
+        print(capacity_failure.table(runs).markdown())
 
 
 if __name__ == "__main__":
