@@ -104,7 +104,8 @@ def _extender_args(delay: float) -> tuple[str, ...]:
     flags = {**extender_flags(LEASE_NAMESPACE, delay=delay), "node_provisioner": "karpenter"}
     argv: list[str] = []
     for key, value in flags.items():
-        argv += ["--" + key.replace("_", "-"), str(value)]
+        durations = ("expansion_delay", "expansion_claim_timeout")  # Go durations, as the chart writes them
+        argv += ["--" + key.replace("_", "-"), f"{value:g}s" if key in durations else str(value)]
     return tuple(argv)
 
 
