@@ -223,7 +223,9 @@ def measure(cluster: Any, namespace: str, pods: int = 8, top_up: int = 0, delay:
         cpl.wait_until(lambda: seed_node in agent.gpus_at, 60, what="the seed node's GPUs")
         fill = _pods("seed", GPUS_PER_NODE, namespace)
         _create(core, namespace, fill)
-        seeded = _wait_placed(core, namespace, [p["metadata"]["name"] for p in fill], timeout, "seed pods")
+        names = [p["metadata"]["name"] for p in fill]
+        seeded = {n: node for n, node in _wait_placed(core, namespace, names, timeout, "seed pods").items()
+                  if n in names}
         if set(seeded.values()) != {seed_node}:
             raise RuntimeError(f"the seed node's pods went elsewhere: {seeded}")
         before = {c["metadata"]["name"] for c in karpenter.claims()}
