@@ -44,7 +44,7 @@ from extender.scheduling import instance_topology
 from extender.scheduling.ledger import Allocation, Distrust
 from extender.scheduling.pdb import PdbGuard
 from extender.scheduling.state import ClusterState, InventorySource, Kind
-from extender.server.allocated import allocation_rows
+from extender.server.allocated import allocation_rows_async
 from extender.server.app import (
     DEFAULT_BIND_DEADLINE,
     DEFAULT_DEADLINE,
@@ -55,7 +55,7 @@ from extender.server.app import (
 )
 from extender.server.binder import Binder, bind_log
 from extender.server.hooks import FilterHook, FilterHooks
-from extender.server.metrics import Metrics, NodeUse, PoolUse
+from extender.server.metrics import GPUAllocated, Metrics, NodeUse, PodAllocated, PoolUse
 from extender.server.stranded import StrandedCollector
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ class ExtenderService:
                                  bind_deadline=settings.bind_deadline,
                                  first_choice_only=settings.filter_first_choice, pdb=self.pdb,
                                  role=self._role if self.leadership is not None else None)
-        self.metrics.on_scrape(self.refresh_gauges)
+        self.metrics.on_scrape(self.refresh_gauges, self.allocations)
         self.metrics.registry.register(StrandedCollector(self.core.pods, self.core.nodes))
 
     def _role(self) -> str:
@@ -241,7 +241,10 @@ class ExtenderService:
         pools = [PoolUse(pool, f.tflops_percent, f.vram_percent, f.capacity_tflops, f.capacity_vram_bytes)
                  for pool, f in use.pools.items()]
         self.metrics.set_utilisation(nodes, pools, use.partially_used_gpus)
-        self.metrics.set_allocations(*allocation_rows(self.state, self.core.pods.get))
+
+    async def allocations(self) -> tuple[list[GPUAllocated], list[PodAllocated]]:
+        """The per-GPU and per-pod rows of a scrape, made between the verbs."""
+        return await allocation_rows_async(self.state, self.core.pods.get)
 
     async def _freeze_after_sync(self) -> None:
         # The first full sync allocates the bulk of the long-lived objects; moving them out of the

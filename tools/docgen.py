@@ -187,7 +187,9 @@ def registry_metrics(registry: Any) -> list[MetricDoc]:
     """Every metric family of a prometheus_client registry (its collectors, read once)."""
     docs: dict[str, MetricDoc] = {}
     for collector in list(registry._collector_to_names):
-        for family in collector.collect():
+        # a collector that describes its families says what they are without making samples
+        described = collector.describe() if hasattr(collector, "describe") else []
+        for family in described or collector.collect():
             name = _exposed_name(family.name, family.type)
             docs[name] = MetricDoc(name, family.type, _labels_of(collector, family), family.documentation)
     return sorted(docs.values(), key=lambda d: d.name)

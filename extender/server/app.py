@@ -234,7 +234,7 @@ class Handlers:
         return web.Response(text=f"ok: {self.role()}" if self.role is not None else "ok")
 
     async def metrics_page(self, request: web.Request) -> web.StreamResponse:
-        body = self.metrics.render()
+        body = await self.metrics.render_async()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 

@@ -71,9 +71,12 @@ def exported_names() -> set[str]:
     webhook.track_certificate(Path("/nonexistent/tls.crt"))
     names: set[str] = set()
     for reg in (metrics.registry, registry):
-        for family in reg.collect():
-            suffixes = _SUFFIXES.get(family.type, [""])
-            names |= {family.name + s for s in suffixes}
+        for collector in list(reg._collector_to_names):
+            # the row families (per node, GPU and pod) describe themselves; Metrics renders their samples
+            described = collector.describe() if hasattr(collector, "describe") else []
+            for family in described or collector.collect():
+                suffixes = _SUFFIXES.get(family.type, [""])
+                names |= {family.name + s for s in suffixes}
     return names
 
 
