@@ -26,7 +26,7 @@ def build(deps: Deps, config: GPUNodeConfig) -> Built | None:
     if not config.enabled:
         return None
     gpunodes = deps.informers.cache(GPU_NODES, optional=True, name="gpunodes")
-    writer = GPUNodeWriter(config, deps.state, KubeGPUNodeApi(deps.api_client), nodes=deps.core.nodes,
+    writer = GPUNodeWriter(config, deps.state, KubeGPUNodeApi(deps.kube), nodes=deps.core.nodes,
                            gpunodes=gpunodes, registry=deps.registry)
     return Built(controllers=(Reconciler("gpunodes", writer.reconcile, caches=(*deps.core.all, gpunodes)),),
                  part=writer)

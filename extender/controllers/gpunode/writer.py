@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from kubernetes import client
 from prometheus_client import CollectorRegistry, Counter
 
 from extender.controllers.gpunode import plan
 from extender.controllers.gpunode.config import GPUNodeConfig
-from extender.kube.client import api_call, error_message, error_status, request_json
+from extender.kube.aio import AsyncKube
+from extender.kube.client import error_message, error_status
 from extender.kube.informer import WatchCache
 from extender.kube.resources import GPU_NODES, collection_path, object_path
 from extender.scheduling.state import ClusterState
@@ -48,22 +48,24 @@ class GPUNodeApi(Protocol):
 
 
 class KubeGPUNodeApi:
-    def __init__(self, api_client: client.ApiClient) -> None:
-        self.api_client = api_client
+    """GPUNode writes through the extender's own HTTP/1.1 pool, on the event loop: the kubernetes client in a
+    worker thread cost 1-2 ms of CPU a write, with the GIL held against the verbs (6-9 % of the extender's
+    samples while a scale run bound 8,000 pods on 1,000 nodes)."""
+
+    def __init__(self, kube: AsyncKube) -> None:
+        self.kube = kube
 
     async def create(self, body: dict[str, Any]) -> dict[str, Any]:
-        created: dict[str, Any] = await api_call(request_json, self.api_client, "POST",
-                                                 collection_path(GPU_NODES), body=body)
+        created: dict[str, Any] = await self.kube.request("POST", collection_path(GPU_NODES), body=body)
         return created
 
     async def patch(self, name: str, body: dict[str, Any], status: bool = False) -> dict[str, Any]:
         path = object_path(GPU_NODES, name, subresource="status" if status else None)
-        patched: dict[str, Any] = await api_call(request_json, self.api_client, "PATCH", path, body=body,
-                                                 content_type=MERGE_PATCH)
+        patched: dict[str, Any] = await self.kube.request("PATCH", path, body=body, content_type=MERGE_PATCH)
         return patched
 
     async def delete(self, name: str) -> None:
-        await api_call(request_json, self.api_client, "DELETE", object_path(GPU_NODES, name))
+        await self.kube.request("DELETE", object_path(GPU_NODES, name))
 
 
 class GPUNodeMetrics:
