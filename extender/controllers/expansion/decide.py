@@ -174,7 +174,8 @@ def decide(pod: Mapping[str, Any] | None, uid: str, request: GPURequest, candida
             return WaitForSlot(inflight.own)
         pool_name = str((nodepool.get("metadata") or {}).get("name"))
         return Create(body, pool_name, name, tuple(devices))
-    return NoTemplate(f"no candidate GPU node can be copied for a new NodeClaim: {_shown(problems)}")
+    # static nodes (or another provisioner's) with a NodePool for bursts: grow from the pool's NodePool
+    return _from_nodepool(pod, request, candidates, view, inflight, expansion_id, not_copied=problems)
 
 
 def _is_external(inflight: InFlight, name: str) -> bool:
@@ -189,11 +190,16 @@ def _shown(problems: Sequence[str]) -> str:
 
 
 def _from_nodepool(pod: Mapping[str, Any], request: GPURequest, candidates: Sequence[str],
-                   view: ClusterView, inflight: InFlight, expansion_id: str) -> Decision:
-    """Scale from zero: no candidate has GPUs of the pod's pool, so the claim comes from the pool's
-    NodePool (GPUPool annotation, else template label ``tensor-fusion.ai/gpupool``)."""
+                   view: ClusterView, inflight: InFlight, expansion_id: str,
+                   not_copied: Sequence[str] = ()) -> Decision:
+    """The claim comes from the pool's NodePool (GPUPool annotation, else template label
+    ``tensor-fusion.ai/gpupool``): scale from zero, when no candidate has GPUs of the pod's pool, or when
+    none of those that do can be copied (``not_copied``: why), e.g. nodes not made by Karpenter."""
     gpupool = view.gpupool(request.pool)
     nodepools = pool_nodepools(gpupool, request.pool, view.all_nodepools())
+    copied = f"no candidate GPU node can be copied for a new NodeClaim: {_shown(not_copied)}"
+    if not nodepools and not_copied:
+        return NoTemplate(copied)
     if not nodepools:
         return LeaveToKarpenter(
             f"none of the {len(candidates)} candidate nodes has GPUs of pool {request.pool} and no NodePool "
@@ -220,5 +226,8 @@ def _from_nodepool(pod: Mapping[str, Any], request: GPURequest, candidates: Sequ
         if inflight.full:
             return WaitForSlot(inflight.own)
         return Create(body, name, "", choice.devices)
+    if not_copied:
+        return NoTemplate(f"{copied}; and none of pool {request.pool}'s NodePools can make one: "
+                          f"{_shown(problems)}")
     return NoTemplate(f"pool {request.pool} has no GPU node yet and none of its NodePools can make one: "
                       f"{_shown(problems)}")

@@ -185,6 +185,23 @@ async def test_a_pool_with_no_gpu_node_grows_from_its_nodepool(port: FakePort) -
     assert len(port.created) == 1 and port.reasons("q") == [REASON_CHECK, REASON_WAITING]
 
 
+async def test_static_gpu_nodes_full_grow_from_the_pools_nodepool(port: FakePort) -> None:
+    """A pool of GPU nodes Karpenter did not make (none can be copied) with a NodePool for bursts: the
+    claim comes from the NodePool, as with no GPU node at all; without a NodePool the reason names the node."""
+    port.add_template("static-1", karpenter=False)
+    expander, clock = make(port)
+    expander.notice(port.add_pod("p"), CAPACITY_ONLY, ["static-1"])
+    await later(expander, clock, 10)
+    assert port.created == []
+    assert "static-1: not owned by a Karpenter NodePool" in port.messages("p", REASON_FAILED)[0]
+    gpu_nodepool(port)
+    expander.notice(port.add_pod("q"), CAPACITY_ONLY, ["static-1"])
+    await later(expander, clock, 10)
+    # q, and p on its retry: one one-GPU node each
+    assert [c["metadata"]["labels"][NODEPOOL_LABEL] for c in port.created] == ["gpu-zero", "gpu-zero"]
+    assert port.reasons("q")[-1] == REASON_COMPLETED and port.reasons("p")[-1] == REASON_COMPLETED
+
+
 async def test_a_pod_the_scheduler_never_sent_to_the_extender_also_grows_the_pool(port: FakePort) -> None:
     gpu_nodepool(port)
     expander, clock = make(port)
