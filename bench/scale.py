@@ -163,6 +163,45 @@ def table(runs: list[dict[str, Any]]) -> Table:
     return t
 
 
+PHASE_LABELS = {"baseline": "kube-scheduler alone (whole GPUs)", "tf": "+ tf-extender, fractional",
+                "tf-whole": "+ tf-extender, whole GPUs", "floor": "+ floor extender"}
+
+
+def plot(runs: list[dict[str, Any]], out: Path) -> Path | None:
+    """pods/s and extender CPU per pod for each size and phase, side by side, as a PNG."""
+    from bench.common import ensure_pip
+
+    if ensure_pip("matplotlib"):
+        log("scale: matplotlib is not available: no plot")
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [f"{r['nodes']} x {r['pods']}" for r in runs]
+    fig, (rate, cpu) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
+    width = 0.8 / len(PHASE_LABELS)
+    for i, (phase, label) in enumerate(PHASE_LABELS.items()):
+        xs = [k + (i - 1.5) * width for k in range(len(runs))]
+        rate.bar(xs, [(r.get(phase) or {}).get("pods_per_s") or 0 for r in runs], width, label=label)
+        per_pod = []
+        for r in runs:
+            x = r.get(phase) or {}
+            seconds = (x.get("cpu_seconds") or {}).get("tf-extender")
+            per_pod.append(1e3 * seconds / max(1, x["bound"]) if seconds is not None else 0)
+        cpu.bar(xs, per_pod, width, label=label)
+    for ax, title in ((rate, "pods bound per second"), (cpu, "extender CPU ms per bound pod")):
+        ax.set_xticks(range(len(runs)), sizes)
+        ax.set_xlabel("kwok nodes x pods (8 GPUs a node)")
+        ax.set_title(title)
+    rate.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -177,7 +216,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--expansion-delay", type=float, default=None,
                         help="tf-extender --expansion-delay in the expand phase (default: the shipped one)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "scale.json", help="the figures' JSON")
+    parser.add_argument("--report", type=Path, nargs="+", metavar="JSON",
+                        help="run nothing: print the tables of earlier runs' JSON files and plot them")
     args = parser.parse_args(argv)
+    if args.report:
+        runs = [run for path in args.report for run in json.loads(path.read_text())]
+        print(table(runs).markdown())
+        if any("expand" in run for run in runs):
+            print(capacity_failure.table(runs).markdown())
+        if (png := plot(runs, RESULTS_DIR / "scale.png")) is not None:
+            print(f"plot: {png}")
+        return
     try:
         sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",") if s]
     except ValueError:
