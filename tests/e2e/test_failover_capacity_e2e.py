@@ -6,6 +6,10 @@ nothing is bought twice.
   arrive, the leader starts buying, and is killed while its second RunInstances is on the wire (the proxy
   in front of moto holds that call, the test kills the pair, then lets the call reach the cloud: a VM
   bought for a claim its buyer never recorded). ``CloudInit`` boots every VM into a kwok Node.
+- Node expansion with the real Karpenter (KWOK provider, tests/harness/karpenter.py): pods that each need a
+  node of their own, in a pool with no node yet, grow it from its NodePool; the leader is killed right
+  after it created the first NodeClaims, whose nodes take longer to come than the takeover (a registration
+  delay), so the standby leads while they are still on their way.
 
 Each ends with every pod bound once to GPUs of its own node, no GPU over its capacity, one VM per claim and
 as many as the pods needed, and the takeover timed: the standby leads within the Lease duration plus one
@@ -29,6 +33,8 @@ from kubernetes import client
 from extender.controllers import LEASE_DURATION_SECONDS, LEASE_RENEW_SECONDS
 from tests import harness as cpl
 from tests.harness import cloud
+from tests.harness.expansion import EXPANSION_LABEL, EXPANSION_POD_UID
+from tests.harness.karpenter import Karpenter, karpenter_fixture
 from tests.harness.provisioned import POOL_LABEL, CloudInit, claims_of, provisioned_pool_body, release_pool
 from tests.harness.replicas import (
     Binds,
@@ -45,6 +51,11 @@ TAKEOVER = LEASE_DURATION_SECONDS + LEASE_RENEW_SECONDS  # the Lease duration pl
 CLUSTER = "e2e-failover-capacity"
 VMS = 4  # pods, each asking for a whole A10G: one g5.xlarge each
 A10G_TFLOPS = 70  # what the GPU model table says of the A10G GPU Feature Discovery names
+NODES = 3  # pods, each asking for 60Gi of an 80Gi A100: a node each
+A100_TFLOPS = 312
+REGISTRATION_DELAY = 30  # seconds a Karpenter node takes to come: longer than a takeover
+
+karpenter = karpenter_fixture(node_overlay=False)
 
 
 def slack() -> float:
@@ -175,5 +186,87 @@ def test_the_leader_killed_while_buying_vms_for_a_provisioned_pool(api_client, p
         assert launches == VMS, f"{launches} RunInstances calls for {VMS} VMs"
         assert len({p.spec.node_name for p in pods}) == VMS
         assert set(at_kill) <= {c["metadata"]["name"] for c in claims}  # the killed leader's carried on
+    finally:
+        binds.stop()
+
+
+# --- node expansion with the real Karpenter ------------------------------------------------------------
+
+
+@dataclass
+class ExpansionPairs:
+    pairs: ReplicaSet
+    pool: str
+    nodepool: str
+    args: list[str]
+
+
+@pytest.fixture
+def expansion(cluster, karpenter: Karpenter, e2e_binaries, namespace, api_client) -> Iterator[ExpansionPairs]:
+    """Two pairs' makings (not started) with a GPUPool that has no node and a NodePool to grow it from
+    (one A100 per node, its nodes registering ``REGISTRATION_DELAY`` seconds after launch)."""
+    profile = f"tf-fx-{uuid.uuid4().hex[:6]}"
+    pool = f"{profile}-pool"
+    cpl.create_cluster_object(api_client, "gpupools", {
+        "apiVersion": f"{cpl.TF_GROUP}/{cpl.TF_VERSION}", "kind": "GPUPool", "metadata": {"name": pool},
+        "spec": {}})
+    node_class = karpenter.node_class(f"{profile}-slow", registration_delay=f"{REGISTRATION_DELAY}s")
+    nodepool = karpenter.nodepool(pool, name=f"{profile}-np", node_class=node_class,
+                                  labels={"e2e-failover": profile})
+    args = ["--expansion-delay", "1", "--max-inflight-nodes", "15", "--expansion-claim-timeout", "600",
+            "--expansion-scheduler-name", profile, "--log-level", "debug"]
+    pairs = ReplicaSet(cluster, e2e_binaries["kube-scheduler"], namespace, profile)
+    try:
+        yield ExpansionPairs(pairs, pool, nodepool, args)
+    finally:
+        with contextlib.suppress(Exception):
+            client.CoreV1Api(api_client).delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        pairs.close()
+        karpenter.reset()
+        with contextlib.suppress(Exception):
+            client.CustomObjectsApi(api_client).delete_cluster_custom_object(
+                cpl.TF_GROUP, cpl.TF_VERSION, "gpupools", pool)
+
+
+def test_the_leader_killed_right_after_it_created_nodeclaims(api_client, expansion, karpenter, namespace):
+    core = client.CoreV1Api(api_client)
+    pool, nodepool, profile = expansion.pool, expansion.nodepool, expansion.pairs.profile
+    leader, standby = start_two(expansion.pairs, expansion.args)
+    binds = Binds(core, namespace)
+
+    def ours() -> list[dict[str, Any]]:
+        return karpenter.claims(nodepool, EXPANSION_LABEL)
+
+    try:
+        uids = []
+        for i in range(NODES):
+            body = canonical_gpu_pod(f"needs-a-node-{i}", profile, pool, "10", "60Gi", index=i + 1)
+            body["spec"]["nodeSelector"] = {"e2e-failover": profile}
+            uids.append(cpl.create_pod(api_client, namespace, body).metadata.uid)
+        cpl.wait_until(ours, 60, interval=0.05, what="the leader's first NodeClaim")
+        leader.kill()
+        killed = time.monotonic()
+        at_kill = [c["metadata"]["name"] for c in ours()]
+        led = when_both_lead(standby)
+        scheduler_led, extender_led = led["scheduler"] - killed, led["extender"] - killed
+        binds.wait(NODES, 180)
+        recovered = binds.first_bind_after(killed) - killed
+        time.sleep(3)  # a claim bought twice shows by now: the standby decided long before the nodes came
+        claims = ours()
+        print(f"expansion: killed with {len(at_kill)} of {NODES} NodeClaims made; scheduler led after "
+              f"{scheduler_led:.1f} s, extender after {extender_led:.1f} s, first bind after "
+              f"{recovered:.1f} s (nodes register {REGISTRATION_DELAY} s after launch), "
+              f"{len(claims)} NodeClaims in all")
+        assert extender_led <= TAKEOVER + slack()
+        bought_for = {c["metadata"]["name"]: (c["metadata"].get("labels") or {}).get(EXPANSION_POD_UID)
+                      for c in claims}
+        per_pod = Counter(bought_for.values())
+        assert len(claims) == NODES and all(per_pod[uid] == 1 for uid in uids), bought_for
+        assert set(at_kill) <= {c["metadata"]["name"] for c in claims}
+        pods = core.list_namespaced_pod(namespace).items
+        problems = placement_problems(pods, pool_gpus(core, pool), A100_TFLOPS)
+        assert not problems, problems
+        assert len({p.spec.node_name for p in pods}) == NODES
+        assert {p.spec.node_name for p in pods} == {n.metadata.name for n in karpenter.nodes(nodepool)}
     finally:
         binds.stop()
