@@ -11,9 +11,9 @@ nothing is bought twice.
   after it created the first NodeClaims, whose nodes take longer to come than the takeover (a registration
   delay), so the standby leads while they are still on their way.
 
-Each ends with every pod bound once to GPUs of its own node, no GPU over its capacity, one VM per claim and
-as many as the pods needed, and the takeover timed: the standby leads within the Lease duration plus one
-retry.
+Each ends with every pod bound once to GPUs of its own node, no GPU over its capacity, as many VMs or
+NodeClaims as the pods needed and none bought twice (one VM per GPUNodeClaim, one NodeClaim per pod), and
+the takeover timed: the standby leads within the Lease duration plus one retry.
 """
 
 from __future__ import annotations

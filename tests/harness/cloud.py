@@ -1,6 +1,7 @@
 """A cloud to launch VMs on: moto's EC2 emulator in server mode on loopback, a proxy in front of it that
-answers chosen RunInstances with a capacity error, and the EC2 world a GPUNodeClass selects from (a VPC,
-subnets in two zones, a security group and an image, each tagged).
+answers chosen RunInstances with a capacity error (or holds them), and the EC2 world a GPUNodeClass selects
+from (a VPC, subnets in two zones, a security group and an image, each tagged); and what the Provisioned-mode
+modules on EC2 share: ``CloudInit`` over moto, a ``computingVendor`` file, a GPUNodeClass, instance reads.
 
 moto is a real emulator of the EC2 Query API (requests signed, answered in EC2's XML), not a mock of our
 client: the extender's aiobotocore client talks HTTP to it as it would to AWS.
