@@ -5,7 +5,8 @@ Each pair is what one pod of the chart's Deployment runs: kube-scheduler with le
 Lease, shared by the pairs of a test) calling the tf-extender beside it on loopback. Pods are canonical GPU
 pods (annotations as the webhook writes them) of the test's own scheduler name, so no other scheduler of
 the session takes them. ``kill()`` is a SIGKILL of both processes, ``stop()`` a SIGTERM (a rolling
-update's old pod), ``proxy.cut()`` a partition.
+update's old pod), ``proxy.cut()`` a partition. ``start_two`` starts a leading pair and a standby (with a
+test's extender flags), ``when_both_lead`` times a takeover, ``Binds`` samples the bound pods.
 """
 
 from __future__ import annotations
