@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -25,10 +24,13 @@ from extender.controllers import (
 )
 from tests import harness as cpl
 from tests.harness.replicas import (
+    Binds,
     ReplicaSet,
     canonical_gpu_pod,
     make_gpu_nodes,
     placement_problems,
+    start_two,
+    when_both_lead,
 )
 
 pytestmark = pytest.mark.e2e
@@ -38,41 +40,6 @@ GPU_TFLOPS, GPU_VRAM_GI = 150, 150
 POD_TFLOPS, POD_VRAM_GI = 10, 10  # 15 pods fill a GPU: the 20 GPUs hold exactly the 300 pods
 # kube-scheduler's own leader election: 15 s Lease, 2 s retry (its defaults, the shipped configuration)
 TAKEOVER = LEASE_DURATION_SECONDS + LEASE_RENEW_SECONDS
-
-
-class Binds:
-    """Samples how many of the test's pods are bound, every 0.1 s, so a gap can be measured."""
-
-    def __init__(self, core: client.CoreV1Api, namespace: str) -> None:
-        self.core, self.namespace = core, namespace
-        self.samples: list[tuple[float, int]] = []
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def count(self) -> int:
-        return sum(1 for p in self.core.list_namespaced_pod(self.namespace).items if p.spec.node_name)
-
-    def _run(self) -> None:
-        while not self.done.is_set():
-            with contextlib.suppress(Exception):
-                self.samples.append((time.monotonic(), self.count()))
-            time.sleep(0.1)
-
-    def first_bind_after(self, at: float, timeout: float = 120) -> float:
-        """When (monotonic) the first sample after ``at`` shows more pods bound than at ``at``; waits."""
-        before = max((n for t, n in self.samples if t <= at), default=0)
-        return float(cpl.wait_until(
-            lambda: next((t for t, n in list(self.samples) if t > at and n > before), None), timeout,
-            interval=0.1, what="a pod bound"))
-
-    def wait(self, pods: int, timeout: float) -> None:
-        cpl.wait_until(lambda: self.samples and self.samples[-1][1] >= pods, timeout, interval=0.5,
-                       what=f"{pods} pods bound")
-
-    def stop(self) -> None:
-        self.done.set()
-        self.thread.join(5)
 
 
 @pytest.fixture
@@ -92,17 +59,6 @@ def replicas(control_plane, kwok, e2e_binaries, namespace, api_client, make_node
         with contextlib.suppress(Exception):
             client.CustomObjectsApi(api_client).delete_cluster_custom_object(
                 cpl.TF_GROUP, cpl.TF_VERSION, "gpupools", pool)
-
-
-def start_two(pairs: ReplicaSet) -> tuple[cpl.ManagedProcess, ...]:
-    """The first pair leads (both its scheduler and its extender), the second stands by."""
-    first = pairs.start()
-    cpl.wait_until(first.scheduler_leads, 60, interval=0.5, what="the first scheduler to lead")
-    cpl.wait_until(first.extender_leads, 60, interval=0.5, what="the first extender to lead")
-    second = pairs.start()
-    time.sleep(1)
-    assert not second.scheduler_leads() and not second.extender_leads()
-    return first, second
 
 
 def burst(api_client, pairs: ReplicaSet, namespace: str) -> Callable[[], None]:
@@ -129,20 +85,6 @@ def check_nothing_lost(core: client.CoreV1Api, namespace: str, pairs: ReplicaSet
     assert len(pods) == PODS
     problems = placement_problems(pods, pairs.gpus, GPU_TFLOPS)  # type: ignore[attr-defined]
     assert not problems, f"{len(problems)} problems, e.g. {problems[:5]}"
-
-
-def when_both_lead(replica, timeout: float = 90) -> dict[str, float]:
-    """When (monotonic) the replica's scheduler and its extender each first led, polled together."""
-    led: dict[str, float] = {}
-    checks = {"scheduler": replica.scheduler_leads, "extender": replica.extender_leads}
-    deadline = time.monotonic() + timeout * cpl.TIMEOUT_SCALE
-    while len(led) < len(checks):
-        assert time.monotonic() < deadline, f"only {sorted(led)} of the standby led after {timeout} s"
-        for what, check in checks.items():
-            if what not in led and check():
-                led[what] = time.monotonic()
-        time.sleep(0.1)
-    return led
 
 
 def not_ready_filters(replica) -> float:

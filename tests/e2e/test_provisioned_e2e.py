@@ -27,9 +27,7 @@ from kubernetes.client.rest import ApiException
 from tests import harness as cpl
 from tests.harness import cloud
 from tests.harness.provisioned import (
-    Booting,
     CloudInit,
-    GPUs,
     bound_claims,
     claims_of,
     provisioned_pool_body,
@@ -42,50 +40,11 @@ pytestmark = pytest.mark.e2e
 CLUSTER = "e2e-provisioned"
 POOL_LABEL = "tensor-fusion.ai/gpupool"
 PROVISIONER = "tensor-fusion.ai/node-provisioner"
-CLAIM_TAG = "tensor-fusion.ai/node-name"
-CLUSTER_TAG = "tensor-fusion.ai/cluster"
+CLAIM_TAG, CLUSTER_TAG = cloud.CLAIM_TAG, cloud.CLUSTER_TAG
 JOIN_TIMEOUT = 25
 ORPHAN_GRACE = 6
 PROTECTION = 5
-# What GPU Feature Discovery would label a node of these instance types with.
-GFD = {"g5.xlarge": GPUs("A10G", 1, 24576), "g6.xlarge": GPUs("L4", 1, 24576)}
-USER_DATA = (
-    "#!/bin/bash\n/etc/eks/bootstrap.sh e2e --kubelet-extra-args "
-    "'--node-labels=tensor-fusion.ai/node-provisioner=__GPU_NODE_RESOURCE_NAME__,team=ml'\n"
-)
 NO_LABEL_USER_DATA = "#!/bin/bash\n/etc/eks/bootstrap.sh e2e\n"
-
-
-def ec2_cloud_init(api_client: Any, endpoint: str) -> CloudInit:
-    """CloudInit over moto: the running instances tagged for this cluster, their user data by
-    DescribeInstanceAttribute, Nodes named as EKS names them."""
-    ec2 = cloud.boto_client(endpoint)
-
-    def running() -> list[Booting]:
-        pages = ec2.describe_instances(
-            Filters=[
-                {"Name": f"tag:{CLUSTER_TAG}", "Values": [CLUSTER]},
-                {"Name": "instance-state-name", "Values": ["running"]},
-            ]
-        )
-        return [
-            Booting(i["InstanceId"], i["InstanceType"], i["Placement"]["AvailabilityZone"])
-            for r in pages["Reservations"]
-            for i in r["Instances"]
-        ]
-
-    def user_data(instance_id: str) -> str:
-        raw = ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
-        return base64.b64decode((raw.get("UserData") or {}).get("Value") or "").decode()
-
-    return CloudInit(
-        api_client,
-        running=running,
-        user_data=user_data,
-        gpus=GFD,
-        node_name=lambda iid: f"ip-{iid[2:14]}",
-        provider_id=lambda iid, zone: f"aws:///{zone}/{iid}",
-    )
 
 
 @pytest.fixture(scope="module")
@@ -96,26 +55,7 @@ def ec2() -> Iterator[tuple[cloud.MotoServer, cloud.CapacityProxy, cloud.EC2Worl
 
 @pytest.fixture(scope="module")
 def vendor_file(ec2: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
-    _, proxy, _ = ec2
-    folder = tmp_path_factory.mktemp("cloud-credentials")
-    (folder / "ak").write_text(cloud.ACCESS_KEY)
-    (folder / "sk").write_text(cloud.SECRET_KEY)
-    path = folder / "computing-vendor.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "type": "aws",
-                "authType": "accessKey",
-                "params": {
-                    "defaultRegion": cloud.REGION,
-                    "accessKeyPath": str(folder / "ak"),
-                    "secretKeyPath": str(folder / "sk"),
-                    "extraParams": {"endpoint": proxy.url},
-                },
-            }
-        )
-    )
-    return str(path)
+    return str(cloud.vendor_file(ec2[1].url, tmp_path_factory.mktemp("cloud-credentials")))
 
 
 @pytest.fixture
@@ -136,27 +76,9 @@ def provisioned(
         orphan_grace=ORPHAN_GRACE,
         capacity_error_backoff=120,
     )
-    boot = ec2_cloud_init(api_client, ec2[1].url)
+    boot = cloud.ec2_cloud_init(api_client, ec2[1].url, CLUSTER)
     yield boot
     boot.stop()
-
-
-def node_class_body(name: str, world: cloud.EC2World, **spec: Any) -> dict[str, Any]:
-    base = {
-        "osImageSelectorTerms": [{"tags": {"tf-e2e/role": "gpu"}}],
-        "subnetSelectorTerms": [{"tags": {"tf-e2e/role": "gpu"}}],
-        "securityGroupSelectorTerms": [{"id": world.security_group}],
-        "instanceProfile": cloud.INSTANCE_PROFILE,
-        "tags": {"team": "ml"},
-        "userData": USER_DATA,
-    }
-    base.update(spec)
-    return {
-        "apiVersion": f"{cpl.TF_GROUP}/{cpl.TF_VERSION}",
-        "kind": "GPUNodeClass",
-        "metadata": {"name": name},
-        "spec": base,
-    }
 
 
 @pytest.fixture
@@ -175,7 +97,7 @@ def make_pool(api_client: Any, webhook: Any, ec2: Any) -> Iterator[Callable[...,
     ) -> str:
         name = f"prov-{uuid.uuid4().hex[:6]}"
         if create_class:
-            body = node_class if node_class is not None else node_class_body(name, ec2[2])
+            body = node_class if node_class is not None else cloud.node_class_body(name, ec2[2])
             body["metadata"]["name"] = name  # each pool its own class, named after it
             cpl.create_cluster_object(api_client, "gpunodeclasses", body)
         requirements = [
@@ -195,13 +117,11 @@ def make_pool(api_client: Any, webhook: Any, ec2: Any) -> Iterator[Callable[...,
 
 
 def instances(proxy: cloud.CapacityProxy, **tags: str) -> list[dict[str, Any]]:
-    filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in tags.items()]
-    answer = cloud.boto_client(proxy.url).describe_instances(Filters=filters)
-    return [i for r in answer["Reservations"] for i in r["Instances"]]
+    return cloud.instances(proxy.url, **tags)
 
 
 def live(proxy: cloud.CapacityProxy, **tags: str) -> list[dict[str, Any]]:
-    return [i for i in instances(proxy, **tags) if i["State"]["Name"] in ("pending", "running")]
+    return cloud.live(proxy.url, **tags)
 
 
 def test_min_capacity_is_bought_through_ec2_skipping_a_refused_offering_then_bound_and_compacted(
@@ -313,7 +233,7 @@ def test_a_vm_whose_node_never_joins_is_terminated_after_the_join_timeout(
     provisioned: CloudInit, make_pool: Callable[..., str], api_client: Any, ec2: Any
 ) -> None:
     _, proxy, world = ec2
-    pool = make_pool(1, node_class=node_class_body("", world, userData=NO_LABEL_USER_DATA))
+    pool = make_pool(1, node_class=cloud.node_class_body("", world, userData=NO_LABEL_USER_DATA))
     first = cpl.wait_until(
         lambda: [c for c in claims_of(api_client, pool) if (c.get("status") or {}).get("instanceID")] or None,
         60,
@@ -393,7 +313,7 @@ def test_a_bad_node_class_gives_a_condition_naming_the_field_and_no_vm(
     field: str,
 ) -> None:
     _, proxy, world = ec2
-    body = node_class_body("", world, **spec)
+    body = cloud.node_class_body("", world, **spec)
     body["spec"] = {k: v for k, v in body["spec"].items() if v is not None}
     pool = make_pool(1, node_class=body)
     cond = cpl.wait_until(
@@ -480,7 +400,7 @@ def test_a_pool_derived_from_a_tensorfusioncluster_buys_through_its_computing_ve
     custom = client.CustomObjectsApi(api_client)
     name = f"tfc-{uuid.uuid4().hex[:6]}"
     pool = f"{name}-gpu"
-    cpl.create_cluster_object(api_client, "gpunodeclasses", node_class_body(pool, world))
+    cpl.create_cluster_object(api_client, "gpunodeclasses", cloud.node_class_body(pool, world))
     with open(vendor_file, encoding="utf-8") as handle:
         vendor = yaml.safe_load(handle)
     template = {
@@ -506,7 +426,7 @@ def test_a_pool_derived_from_a_tensorfusioncluster_buys_through_its_computing_ve
             "spec": {"computingVendor": vendor, "gpuPools": [{"name": "gpu", "specTemplate": template}]},
         },
     )
-    boot = ec2_cloud_init(api_client, proxy.url)
+    boot = cloud.ec2_cloud_init(api_client, proxy.url, CLUSTER)
     claim_name = ""
     try:
         bound = cpl.wait_until(

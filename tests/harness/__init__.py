@@ -18,7 +18,8 @@ its own process group with its log in ``<workdir>/logs/<name>.log``. One module 
 - ``autoscaler``    the real Cluster Autoscaler (kwok provider), when a binary is given
 - ``expansion``     what the node-expansion test modules share (fixtures, a test's own NodePool)
 - ``starve``        CPU starvation of the API server, for tests and benchmarks of the bind path under load
-- ``cloud``         AWS EC2: moto's server, a capacity-refusing proxy, the world a GPUNodeClass selects from
+- ``cloud``         AWS EC2: moto's server, a capacity-refusing proxy, the world a GPUNodeClass selects from,
+                    the EC2 CloudInit, vendor file and GPUNodeClass the Provisioned-mode modules share
 - ``ecs``           Alibaba Cloud ECS: a local stand-in of its RPC API that checks the SDK's signature
 - ``provisioned``   what the Provisioned-mode modules share: a cloud-init stand-in, a pool and its teardown
 - ``prometheus``    a real Prometheus, for the usage tests

@@ -1,6 +1,7 @@
 """A cloud to launch VMs on: moto's EC2 emulator in server mode on loopback, a proxy in front of it that
-answers chosen RunInstances with a capacity error, and the EC2 world a GPUNodeClass selects from (a VPC,
-subnets in two zones, a security group and an image, each tagged).
+answers chosen RunInstances with a capacity error (or holds them), and the EC2 world a GPUNodeClass selects
+from (a VPC, subnets in two zones, a security group and an image, each tagged); and what the Provisioned-mode
+modules on EC2 share: ``CloudInit`` over moto, a ``computingVendor`` file, a GPUNodeClass, instance reads.
 
 moto is a real emulator of the EC2 Query API (requests signed, answered in EC2's XML), not a mock of our
 client: the extender's aiobotocore client talks HTTP to it as it would to AWS.
@@ -8,6 +9,7 @@ client: the extender's aiobotocore client talks HTTP to it as it would to AWS.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.server
 import threading
@@ -16,9 +18,14 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import yaml
+
+from .objects import TF_GROUP, TF_VERSION
 from .processes import free_port
+from .provisioned import Booting, CloudInit, GPUs
 
 REGION = "us-east-1"
 ZONES = ("us-east-1a", "us-east-1b")
@@ -117,12 +124,20 @@ CAPACITY_ERROR = (
 class CapacityProxy:
     """Forwards every request to moto, except a RunInstances for an instance type (optionally in a zone) in
     ``refuse``, which it answers as EC2 does when it has no capacity: HTTP 500 with
-    ``InsufficientInstanceCapacity``. ``refused`` counts what it answered so."""
+    ``InsufficientInstanceCapacity``. ``refused`` counts what it answered so.
+
+    ``hold_after(n)``: the RunInstances calls after the next ``n`` wait in the proxy (``holding`` counts
+    them) until ``release()``, then go on to moto, whether or not their client is still there: a call in
+    flight when its caller died, that the cloud still carries out."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
         self.refuse: set[tuple[str, str]] = set()  # (instance type, zone or "")
         self.refused: list[tuple[str, str]] = []
+        self.launches = 0  # RunInstances calls forwarded or held
+        self.holding = 0
+        self._hold_from: int | None = None
+        self._released = threading.Event()
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -146,6 +161,10 @@ class CapacityProxy:
                             "text/xml",
                         )
                         return
+                    proxy.launches += 1
+                    if proxy._hold_from is not None and proxy.launches > proxy._hold_from:
+                        proxy.holding += 1
+                        proxy._released.wait(120)
                 self._forward("POST", body)
 
             def do_GET(self) -> None:
@@ -165,12 +184,13 @@ class CapacityProxy:
                     self._answer(exc.code, exc.read(), exc.headers.get("Content-Type", ""))
 
             def _answer(self, status: int, payload: bytes, content_type: str) -> None:
-                self.send_response(status)
-                if content_type:
-                    self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a caller killed meanwhile
+                    self.send_response(status)
+                    if content_type:
+                        self.send_header("Content-Type", content_type)
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
 
         self.port = free_port()
         self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
@@ -180,11 +200,20 @@ class CapacityProxy:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def hold_after(self, launches: int) -> None:
+        self._released.clear()
+        self._hold_from = self.launches + launches
+
+    def release(self) -> None:
+        self._hold_from = None
+        self._released.set()
+
     def start(self) -> CapacityProxy:
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        self.release()
         self._httpd.shutdown()
         self._httpd.server_close()
 
@@ -198,3 +227,100 @@ def ec2_cloud() -> Iterator[tuple[MotoServer, CapacityProxy]]:
     finally:
         proxy.stop()
         moto.stop()
+
+
+# --- what the Provisioned-mode modules on EC2 share ----------------------------------------------------
+
+CLUSTER_TAG = "tensor-fusion.ai/cluster"
+CLAIM_TAG = "tensor-fusion.ai/node-name"
+# What GPU Feature Discovery would label a node of these instance types with.
+GFD = {"g5.xlarge": GPUs("A10G", 1, 24576), "g6.xlarge": GPUs("L4", 1, 24576)}
+USER_DATA = (
+    "#!/bin/bash\n/etc/eks/bootstrap.sh e2e --kubelet-extra-args "
+    "'--node-labels=tensor-fusion.ai/node-provisioner=__GPU_NODE_RESOURCE_NAME__,team=ml'\n"
+)
+
+
+def ec2_cloud_init(api_client: Any, endpoint: str, cluster: str) -> CloudInit:
+    """CloudInit over moto: the running instances tagged for ``cluster``, their user data by
+    DescribeInstanceAttribute, Nodes named as EKS names them."""
+    ec2 = boto_client(endpoint)
+
+    def running() -> list[Booting]:
+        pages = ec2.describe_instances(
+            Filters=[
+                {"Name": f"tag:{CLUSTER_TAG}", "Values": [cluster]},
+                {"Name": "instance-state-name", "Values": ["running"]},
+            ]
+        )
+        return [
+            Booting(i["InstanceId"], i["InstanceType"], i["Placement"]["AvailabilityZone"])
+            for r in pages["Reservations"]
+            for i in r["Instances"]
+        ]
+
+    def user_data(instance_id: str) -> str:
+        raw = ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
+        return base64.b64decode((raw.get("UserData") or {}).get("Value") or "").decode()
+
+    return CloudInit(
+        api_client,
+        running=running,
+        user_data=user_data,
+        gpus=GFD,
+        node_name=lambda iid: f"ip-{iid[2:14]}",
+        provider_id=lambda iid, zone: f"aws:///{zone}/{iid}",
+    )
+
+
+def vendor_file(endpoint: str, folder: Path) -> Path:
+    """A ``computingVendor`` file for the emulator at ``endpoint``, its keys in files beside it."""
+    (folder / "ak").write_text(ACCESS_KEY)
+    (folder / "sk").write_text(SECRET_KEY)
+    path = folder / "computing-vendor.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "type": "aws",
+                "authType": "accessKey",
+                "params": {
+                    "defaultRegion": REGION,
+                    "accessKeyPath": str(folder / "ak"),
+                    "secretKeyPath": str(folder / "sk"),
+                    "extraParams": {"endpoint": endpoint},
+                },
+            }
+        )
+    )
+    return path
+
+
+def node_class_body(name: str, world: EC2World, **spec: Any) -> dict[str, Any]:
+    """A GPUNodeClass selecting the seeded world, with ``spec`` overriding its fields."""
+    base = {
+        "osImageSelectorTerms": [{"tags": {"tf-e2e/role": "gpu"}}],
+        "subnetSelectorTerms": [{"tags": {"tf-e2e/role": "gpu"}}],
+        "securityGroupSelectorTerms": [{"id": world.security_group}],
+        "instanceProfile": INSTANCE_PROFILE,
+        "tags": {"team": "ml"},
+        "userData": USER_DATA,
+    }
+    base.update(spec)
+    return {
+        "apiVersion": f"{TF_GROUP}/{TF_VERSION}",
+        "kind": "GPUNodeClass",
+        "metadata": {"name": name},
+        "spec": base,
+    }
+
+
+def instances(endpoint: str, **tags: str) -> list[dict[str, Any]]:
+    """The instances carrying these tags, in any state."""
+    filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in tags.items()]
+    answer = boto_client(endpoint).describe_instances(Filters=filters)
+    return [i for r in answer["Reservations"] for i in r["Instances"]]
+
+
+def live(endpoint: str, **tags: str) -> list[dict[str, Any]]:
+    """The instances carrying these tags that are pending or running."""
+    return [i for i in instances(endpoint, **tags) if i["State"]["Name"] in ("pending", "running")]

@@ -5,7 +5,8 @@ Each pair is what one pod of the chart's Deployment runs: kube-scheduler with le
 Lease, shared by the pairs of a test) calling the tf-extender beside it on loopback. Pods are canonical GPU
 pods (annotations as the webhook writes them) of the test's own scheduler name, so no other scheduler of
 the session takes them. ``kill()`` is a SIGKILL of both processes, ``stop()`` a SIGTERM (a rolling
-update's old pod), ``proxy.cut()`` a partition.
+update's old pod), ``proxy.cut()`` a partition. ``start_two`` starts a leading pair and a standby (with a
+test's extender flags), ``when_both_lead`` times a takeover, ``Binds`` samples the bound pods.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ from .components import start_scheduler
 from .controlplane import ControlPlane
 from .manifests import scheduler_config
 from .objects import GPU_IDS_ANNOTATION
-from .processes import ManagedProcess, console_script, free_port, http_ready, wait_until
+from .processes import TIMEOUT_SCALE, ManagedProcess, console_script, free_port, http_ready, wait_until
 
 
 class TcpProxy:
@@ -194,7 +196,9 @@ class ReplicaSet:
     replicas: list[Replica] = field(default_factory=list)
     started: int = 0
 
-    def start(self, timeout: float = 90) -> Replica:
+    def start(self, timeout: float = 90, extra_args: Sequence[str] = ()) -> Replica:
+        """One more pair; ``extra_args`` are added to its ``tf-extender serve`` command line (a test's
+        capacity or expansion flags)."""
         self.started += 1
         name = f"{self.profile}-{self.started}"
         proxy = TcpProxy(self.cp.apiserver_port)
@@ -208,7 +212,7 @@ class ReplicaSet:
             f"tf-extender-{name}",
             [console_script("tf-extender"), "serve", "--kubeconfig", extender_kubeconfig, "--port", port,
              "--bind-address", "127.0.0.1", "--expansion-lease-namespace", self.namespace,
-             "--no-gpu-reservations"],
+             "--no-gpu-reservations", *extra_args],
             self.cp.log_dir)
         wait_until(lambda: http_ready(f"http://127.0.0.1:{port}/readyz", extender), timeout, interval=0.2,
                    what=f"tf-extender {name} /readyz")
@@ -232,6 +236,70 @@ class ReplicaSet:
                 proc.stop(timeout=5)
                 self.cp.registry.forget(proc)
             replica.proxy.close()
+
+
+def start_two(pairs: ReplicaSet, extra_args: Sequence[str] = ()) -> tuple[Replica, Replica]:
+    """The first pair leads (both its scheduler and its extender), the second stands by."""
+    first = pairs.start(extra_args=extra_args)
+    wait_until(first.scheduler_leads, 60, interval=0.5, what="the first scheduler to lead")
+    wait_until(first.extender_leads, 60, interval=0.5, what="the first extender to lead")
+    second = pairs.start(extra_args=extra_args)
+    time.sleep(1)
+    assert not second.scheduler_leads() and not second.extender_leads()
+    return first, second
+
+
+def when_both_lead(replica: Replica, timeout: float = 90) -> dict[str, float]:
+    """When (monotonic) the replica's scheduler and its extender each first led, polled together."""
+    led: dict[str, float] = {}
+    checks = {"scheduler": replica.scheduler_leads, "extender": replica.extender_leads}
+    deadline = time.monotonic() + timeout * TIMEOUT_SCALE
+    while len(led) < len(checks):
+        assert time.monotonic() < deadline, f"only {sorted(led)} of the standby led after {timeout} s"
+        for what, check in checks.items():
+            if what not in led and check():
+                led[what] = time.monotonic()
+        time.sleep(0.1)
+    return led
+
+
+class Binds:
+    """Samples how many pods of a namespace are bound, every 0.1 s, so a gap can be measured."""
+
+    def __init__(self, core: Any, namespace: str) -> None:
+        self.core, self.namespace = core, namespace
+        self.samples: list[tuple[float, int]] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def count(self) -> int:
+        return sum(1 for p in self.core.list_namespaced_pod(self.namespace).items if p.spec.node_name)
+
+    def _run(self) -> None:
+        while not self.done.is_set():
+            with contextlib.suppress(Exception):
+                self.samples.append((time.monotonic(), self.count()))
+            time.sleep(0.1)
+
+    def bound_at(self, at: float) -> int:
+        """How many were bound at the last sample up to ``at``."""
+        return max((n for t, n in self.samples if t <= at), default=0)
+
+    def first_bind_after(self, at: float, timeout: float = 120) -> float:
+        """When (monotonic) the first sample after ``at`` shows more pods bound than at ``at``; waits."""
+        before = self.bound_at(at)
+        return float(wait_until(
+            lambda: next((t for t, n in list(self.samples) if t > at and n > before), None), timeout,
+            interval=0.1, what="a pod bound"))
+
+    def wait(self, pods: int, timeout: float) -> None:
+        wait_until(lambda: self.samples and self.samples[-1][1] >= pods, timeout, interval=0.5,
+                   what=f"{pods} pods bound")
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(5)
 
 
 # ------------------------------------------------------------------------------ the cluster and its pods

@@ -22,7 +22,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from extender.common.labels import EXPANSION_LABEL, EXPANSION_TEMPLATE_NODE, INSTANCE_TYPE, NODEPOOL_LABEL
+from extender.common.labels import (
+    EXPANSION_LABEL,
+    EXPANSION_POD_ANNOTATION,
+    EXPANSION_POD_UID_LABEL,
+    EXPANSION_TEMPLATE_NODE,
+    INSTANCE_TYPE,
+    NODEPOOL_LABEL,
+)
 from extender.controllers.expansion.config import ExpansionConfig
 from extender.controllers.expansion.decide import (
     Create,
@@ -87,8 +94,9 @@ class Expander(Intake):
     (the in-flight claims, which each replica's decisions count on) and ``deciding`` on the leader only (the
     NodeClaims and placeholders it creates; it settles first too, so it always decides on settled claims).
     Both run at least every ``TICK_SECONDS``, the deciding one sooner when a queued pod is due, and both are
-    woken by the port's caches (``wake``); the first pass of either adopts the claims made before a
-    restart."""
+    woken by the port's caches (``wake``); every pass of either adopts the claims this project made that it
+    does not count yet: those made before a restart, and on a standby those its leader makes, so that a
+    takeover never buys a second node for a pod whose node is already on its way."""
 
     def __init__(self, config: ExpansionConfig, port: ExpansionPort, *,
                  request_of: RequestOf = parse_annotations, metrics: ExpansionMetrics | None = None,
@@ -96,7 +104,7 @@ class Expander(Intake):
                  refilter: Refilter | None = None, caches: Sequence[Synced] = ()) -> None:
         super().__init__(config, port, request_of=request_of, metrics=metrics, clock=clock, new_id=new_id,
                          refilter=refilter)
-        self._adopted = False
+        self._let_go: set[str] = set()  # our claims that left the in-flight set: never adopted again
         self._gang_claims: dict[str, str] = {}  # NodeClaim bought for a gang -> the gang
         # the caches both wait for; the placeholders' cache joins the deciding one's (``use_placeholders``)
         self.settling = Reconciler("expander-claims", self.reconcile_claims, interval=TICK_SECONDS,
@@ -126,7 +134,7 @@ class Expander(Intake):
     def _settle(self, at: float) -> None:
         """Settle the in-flight claims (their pods get the arrival grace, or are flaggable again), end the
         graces that ran out, and count Karpenter's own claims in flight. Idempotent at one time."""
-        self._adopt_once()
+        self.adopt_existing_claims()
         self._depart(self.inflight.settle(self.port.nodeclaim, self.port.node_arrived, at))
         for uid in [uid for uid, until in self._grace.items() if until <= at]:
             del self._grace[uid]
@@ -167,11 +175,6 @@ class Expander(Intake):
             except Exception:
                 log.exception("settling placeholder pods failed")
         return self._sleep_for()
-
-    def _adopt_once(self) -> None:
-        if not self._adopted:
-            self._adopted = True
-            self.adopt_existing_claims()
 
     def reconsider(self, now: float) -> None:
         """Level triggering: every pending pod that nothing is under way for is looked at again, from the
@@ -248,19 +251,47 @@ class Expander(Intake):
         return True
 
     def adopt_existing_claims(self) -> None:
-        """After a restart: claims this project created that still wait for their node count as in flight."""
+        """Claims this project created that still wait for their node and that this replica does not count
+        yet (made before a restart, or by the leader while this replica stood by) count as in flight, with
+        the GPUs their node will have and the pod each was bought for."""
         now = self._clock()
-        for claim in self.port.nodeclaims():
+        claims = self.port.nodeclaims()
+        self._let_go &= {str((c.get("metadata") or {}).get("name") or "") for c in claims}
+        nodes: Sequence[Mapping[str, Any]] | None = None
+        for claim in claims:
             meta = claim.get("metadata") or {}
             labels = meta.get("labels") or {}
             name = str(meta.get("name") or "")
-            if EXPANSION_LABEL not in labels or not name or name in self.inflight:
+            if EXPANSION_LABEL not in labels or not name or name in self.inflight or name in self._let_go \
+                    or meta.get("deletionTimestamp"):
                 continue
             status = claim.get("status") or {}
             if self.port.node_arrived(str(status.get("nodeName") or ""), str(status.get("providerID") or "")):
                 continue
             template = str((meta.get("annotations") or {}).get(EXPANSION_TEMPLATE_NODE) or "")
-            self.inflight.add(name, claim, list(self.port.node_gpus(template)) if template else [], now)
+            if template:
+                devices = list(self.port.node_gpus(template))
+            else:  # bought from the NodePool's template: the GPUs its labels name
+                nodes = self.port.all_nodes() if nodes is None else nodes
+                devices = claim_devices(claim, nodes, self.port.node_gpus)
+            self.inflight.add(name, claim, devices, now)
+            self._hold_its_pod(name, claim)
+            log.info("counting our NodeClaim as in flight", extra={"claim": name, "gpus": len(devices)})
+
+    def _hold_its_pod(self, name: str, claim: Mapping[str, Any]) -> None:
+        """The pod the claim was bought for (its annotation and uid label) waits on it, if still pending."""
+        meta = claim.get("metadata") or {}
+        namespace, _, pod_name = str((meta.get("annotations") or {}).get(EXPANSION_POD_ANNOTATION) or "") \
+            .partition("/")
+        uid = str((meta.get("labels") or {}).get(EXPANSION_POD_UID_LABEL) or "")
+        pod = self.port.cached_pod(namespace, pod_name) if namespace and pod_name and uid else None
+        if pod is None or skip_reason(pod, uid) is not None:
+            return
+        try:
+            request = self._request_of(pod)
+        except Exception:  # a pod the contract rejects waits on nothing
+            return
+        self.inflight.assign(name, pod, request)
 
     def track_karpenter_claims(self) -> None:
         """Karpenter's own claims whose node is not initialized yet count as in flight (one provisioner per
@@ -375,6 +406,7 @@ class Expander(Intake):
                     log.warning("cannot delete a gang's NodeClaim", extra={"claim": name, "error": repr(exc)})
                     continue
                 del self._gang_claims[name]
+                self._let_go.add(name)
                 self.inflight.remove(name, LeaveReason.GONE)
                 log.info("NodeClaim released: its gang is gone", extra={"claim": name, "gang": gang})
 
@@ -464,6 +496,7 @@ class Expander(Intake):
 
     def _depart(self, departures: Sequence[Departure]) -> None:
         for departure in departures:
+            self._let_go.add(departure.claim)
             log.info("claim left the in-flight set",
                      extra={"claim": departure.claim, "reason": departure.reason.value})
             arrived = departure.reason in (LeaveReason.REGISTERED, LeaveReason.READY)

@@ -209,6 +209,29 @@ async def test_claims_in_flight_before_a_restart_still_count(port: FakePort) -> 
     assert len(port.created) == 1 and port.reasons("b") == [REASON_CHECK, REASON_WAITING]
 
 
+async def test_a_standby_that_takes_over_counts_the_claims_its_leader_made_while_it_stood_by(
+        port: FakePort) -> None:
+    """Two replicas: the standby's passes run from the start (nothing to adopt then), the leader buys a
+    node for a pod and dies before it lands; the standby, leading now, is asked about the same pod and a
+    small one: both wait for the claim already on its way, nothing is bought twice."""
+    leader, clock = make(port)
+    standby, standby_clock = make(port)
+    await later(standby, standby_clock, 1, leader=False)
+    pod = port.add_pod("p")
+    leader.notice(pod, CAPACITY_ONLY, ["n1"])
+    await later(leader, clock, 10)
+    assert len(port.created) == 1
+    claim = port.created[0]["metadata"]["name"]
+    await later(standby, standby_clock, 1, leader=False)  # the claim reaches the standby's cache
+    standby.notice(pod, CAPACITY_ONLY, ["n1"])  # its kube-scheduler leads now and turns the pod away
+    standby.notice(port.add_pod("small", vram="20Gi"), CAPACITY_ONLY, ["n1"])
+    await later(standby, standby_clock, 10)
+    await later(standby, standby_clock, 10)
+    assert len(port.created) == 1
+    assert claim in port.messages("p", REASON_WAITING)[0]
+    assert claim in port.messages("small", REASON_WAITING)[0]  # the 20Gi the 60Gi pod leaves on its GPU
+
+
 # --- level triggering: pending pods are reconsidered when their inputs change -----------------------------
 
 NO_GPU_OF_POOL = FilterOutcome([], {}, {"cpu1": "no GPU of pool pool-a"}, None, False)
@@ -269,6 +292,32 @@ async def test_a_pod_turned_away_before_its_nodepool_was_known_expands_once_it_i
         expander.wake()
         await later(expander, clock, 5)
     assert len(port.created) == 1 and port.reasons("burst-1") == [REASON_CHECK, REASON_COMPLETED]
+
+
+async def test_a_standby_taking_over_a_scale_from_zero_fills_the_node_its_leader_bought() -> None:
+    """Both replicas watched the pods turned away; the leader bought a node from the NodePool for the first
+    and died. The standby, leading now, lets that pod wait for it and puts a small one that came later on
+    the same node (the GPUs the claim's discovery labels name): nothing more is bought."""
+    port = FakePort()
+    port.nodepools["burst"] = burst_nodepool()
+    leader, clock = leveled(port)
+    standby, standby_clock = leveled(port)
+    big = unschedulable_pod(port, "big")
+    for replica in (leader, standby):
+        replica.pod_changed(big)
+    await later(standby, standby_clock, 1, leader=False)
+    await later(leader, clock, 10)
+    assert len(port.created) == 1
+    claim = port.created[0]["metadata"]["name"]
+    small = port.add_pod("small", vram="20Gi", schedulerName="tensor-fusion-scheduler")
+    small["status"]["conditions"] = big["status"]["conditions"]
+    standby.pod_changed(small)
+    await later(standby, standby_clock, 10, leader=False)
+    for _ in range(3):
+        await later(standby, standby_clock, 10)
+    assert len(port.created) == 1
+    assert claim in port.messages("big", REASON_WAITING)[0]
+    assert claim in port.messages("small", REASON_WAITING)[0]
 
 
 async def test_a_pod_the_scheduler_never_sent_expands_once_its_nodepool_exists() -> None:
