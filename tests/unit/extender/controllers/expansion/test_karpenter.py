@@ -187,7 +187,8 @@ async def test_a_pool_with_no_gpu_node_grows_from_its_nodepool(port: FakePort) -
 
 async def test_static_gpu_nodes_full_grow_from_the_pools_nodepool(port: FakePort) -> None:
     """A pool of GPU nodes Karpenter did not make (none can be copied) with a NodePool for bursts: the
-    claim comes from the NodePool, as with no GPU node at all; without a NodePool the reason names the node."""
+    claim comes from the NodePool, as with no GPU node at all; without a NodePool the reason names the
+    node."""
     port.add_template("static-1", karpenter=False)
     expander, clock = make(port)
     expander.notice(port.add_pod("p"), CAPACITY_ONLY, ["static-1"])
