@@ -137,10 +137,12 @@ def _pods(prefix: str, n: int, namespace: str) -> list[dict[str, Any]]:
 
 
 def _create(core: Any, namespace: str, pods: list[dict[str, Any]]) -> dict[str, float]:
+    from bench.e2e_throughput import drain
+
     created: dict[str, float] = {}
     for pod in pods:
         t = time.monotonic()
-        core.create_namespaced_pod(namespace, pod, _preload_content=False)
+        drain(core.create_namespaced_pod(namespace, pod, _preload_content=False))
         created[pod["metadata"]["name"]] = t
     return created
 

@@ -197,6 +197,12 @@ def whole_gpu_pods(n: int) -> list[dict[str, Any]]:
     return [fixtures.whole_gpu_pod(f"whole-{i:05d}", NAMESPACE_BASE, BASELINE_SCHEDULER) for i in range(n)]
 
 
+def drain(response: Any) -> None:
+    """Read a raw (``_preload_content=False``) answer and give its connection back to the pool."""
+    response.read()
+    response.release_conn()
+
+
 def create_pods(api: Any, namespace: str, pods: list[dict[str, Any]]) -> None:
     from kubernetes import client
 
@@ -204,7 +210,12 @@ def create_pods(api: Any, namespace: str, pods: list[dict[str, Any]]) -> None:
 
     core = client.CoreV1Api(api)
     t0 = time.perf_counter()
-    parallel(lambda p: core.create_namespaced_pod(namespace, p, _preload_content=False), pods)
+    def create(pod: dict[str, Any]) -> None:
+        # read and return the connection to the pool: an answer left unread keeps its socket, and 50,000
+        # pods ran out of file descriptors (each create on a new TLS connection, too)
+        drain(core.create_namespaced_pod(namespace, pod, _preload_content=False))
+
+    parallel(create, pods)
     log(f"e2e: {len(pods)} pods created in {namespace} in {time.perf_counter() - t0:.1f}s")
 
 
