@@ -271,19 +271,31 @@ class BindWatch:
 
     def _run(self) -> None:
         from kubernetes import client
+        from kubernetes.client.rest import ApiException
 
         core = client.CoreV1Api(self.api)
         rv = self.resource_version
         while not self._stop and len(self.bound) < self.expected:
-            resp = core.list_namespaced_pod(self.namespace, watch=True, resource_version=rv,
-                                            allow_watch_bookmarks=False, timeout_seconds=60,
-                                            _preload_content=False)
+            try:
+                resp = core.list_namespaced_pod(self.namespace, watch=True, resource_version=rv,
+                                                allow_watch_bookmarks=False, timeout_seconds=60,
+                                                _preload_content=False)
+            except (ApiException, OSError) as exc:
+                # e.g. 429 "storage is (re)initializing" after a phase deleted tens of thousands of pods:
+                # the watch was lost, and with it every bind after it (the phase timed out, all bound)
+                log(f"e2e: watch of {self.namespace}: {getattr(exc, 'status', exc)}; listing again")
+                time.sleep(1)
+                rv = self._relist(core)
+                continue
             try:
                 for line in resp:
                     if self._stop:
                         break
                     event = json.loads(line)
                     obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":  # e.g. 410: the version is gone; list again
+                        rv = self._relist(core)
+                        break
                     rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
                     name = (obj.get("metadata") or {}).get("name")
                     if name and (obj.get("spec") or {}).get("nodeName") and name not in self.bound:
@@ -293,6 +305,20 @@ class BindWatch:
             finally:
                 resp.close()
         self.done.set()
+
+    def _relist(self, core: Any) -> str:
+        """Stamp the pods a list shows bound (now: their binds went unseen) and answer its version."""
+        from kubernetes.client.rest import ApiException
+
+        try:
+            listing = json.loads(core.list_namespaced_pod(self.namespace, _preload_content=False).data)
+        except (ApiException, OSError):
+            return "0"
+        for item in listing["items"]:
+            name = item["metadata"]["name"]
+            if (item.get("spec") or {}).get("nodeName") and name not in self.bound:
+                self.bound[name] = time.monotonic()
+        return str(listing["metadata"]["resourceVersion"])
 
     def wait(self, timeout: float) -> bool:
         ok = self.done.wait(timeout)
