@@ -1,11 +1,15 @@
 """Failover while the pool is buying capacity: two kube-scheduler + tf-extender replicas, as the chart runs
-them, and the leading pair SIGKILLed in the middle of a purchase. The standby takes over and finishes it;
+them, and the leading pair gone in the middle of a purchase. Another replica takes over and finishes it;
 nothing is bought twice.
 
 - A Provisioned pool on moto's EC2 server (tests/harness/cloud.py): pods that each need a VM of their own
-  arrive, the leader starts buying, and is killed while its second RunInstances is on the wire (the proxy
-  in front of moto holds that call, the test kills the pair, then lets the call reach the cloud: a VM
-  bought for a claim its buyer never recorded). ``CloudInit`` boots every VM into a kwok Node.
+  arrive, the leader starts buying, and goes while its second RunInstances is on the wire (the proxy in
+  front of moto holds that call, then lets it reach the cloud: a VM bought for a claim its buyer may never
+  record). ``CloudInit`` boots every VM into a kwok Node. Three ways to go: SIGKILLed (the call lands
+  after its caller died); a rolling update (a new pair up first, the leader SIGTERMed, the cloud answering
+  while it terminates, then a second new pair and the old standby SIGTERMed); cut off from the API server
+  but not from the cloud (it steps down, its held call is answered after that, and it must neither buy
+  nor finish anything more, then or once the network heals).
 - Node expansion with the real Karpenter (KWOK provider, tests/harness/karpenter.py): pods that each need a
   node of their own, in a pool with no node yet, grow it from its NodePool; the leader is killed right
   after it created the first NodeClaims, whose nodes take longer to come than the takeover (a registration
@@ -13,7 +17,8 @@ nothing is bought twice.
 
 Each ends with every pod bound once to GPUs of its own node, no GPU over its capacity, as many VMs or
 NodeClaims as the pods needed and none bought twice (one VM per GPUNodeClaim, one NodeClaim per pod), and
-the takeover timed: the standby leads within the Lease duration plus one retry.
+the takeover timed: the standby leads within the Lease duration plus one retry (the next round after a
+SIGTERM, which releases the Leases), and the first pod is bound within a few seconds of that.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import pytest
 from kubernetes import client
 
 from extender.controllers import LEASE_DURATION_SECONDS, LEASE_RENEW_DEADLINE_SECONDS, LEASE_RENEW_SECONDS
+from extender.controllers.runner import LEADER_POLL_SECONDS
 from tests import harness as cpl
 from tests.harness import cloud
 from tests.harness.expansion import EXPANSION_LABEL, EXPANSION_POD_UID
@@ -56,6 +62,10 @@ A10G_TFLOPS = 70  # what the GPU model table says of the A10G GPU Feature Discov
 NODES = 3  # pods, each asking for 60Gi of an 80Gi A100: a node each
 A100_TFLOPS = 312
 REGISTRATION_DELAY = 30  # seconds a Karpenter node takes to come: longer than a takeover
+
+# the Provisioned pool's leader-only controllers (extender/controllers/capacity/controller.py)
+PROVISIONED_CONTROLLERS = ("provisioner", "provisioned-launch", "provisioned-registration",
+                           "provisioned-termination", "provisioned-garbagecollection")
 
 karpenter = karpenter_fixture(node_overlay=False)
 
@@ -164,6 +174,7 @@ class Disruption:
     leader: Replica
     standby: Replica
     at: float = 0.0
+    note: str = ""  # what the variant saw, for the printed line
 
     def within(self) -> tuple[float, float]:
         return 0.0, TAKEOVER + slack()
@@ -214,6 +225,8 @@ class RollingUpdate(Disruption):
         return when_both_lead(self.standby, *self.new)
 
     def then(self) -> None:
+        self.note = "; the old standby's extender led" if self.standby.extender_leads() else \
+            "; a new pair's extender led"
         self.new.append(self.pairs.start(extra_args=self.args))
         self.standby.stop()
 
@@ -230,6 +243,13 @@ class Partition(Disruption):
 
     stepped_down = 0.0
     bought_cut_off = 0  # RunInstances calls after the step-down, before the standby led: the cut-off one's
+    passes_at_step_down = 0.0
+
+    def passes(self) -> float:
+        """Passes of the Provisioned-pool controllers the cut-off extender finished (a cancelled one is not
+        counted)."""
+        return sum(self.leader.extender_metric("controller_runtime_reconcile_total", controller=name)
+                   for name in PROVISIONED_CONTROLLERS)
 
     def within(self) -> tuple[float, float]:
         return LEASE_DURATION_SECONDS - LEASE_RENEW_SECONDS, TAKEOVER + LEASE_RENEW_SECONDS + slack()
@@ -240,6 +260,10 @@ class Partition(Disruption):
         cpl.wait_until(lambda: not self.leader.extender_leads(), 30, interval=0.2,
                        what="the cut-off extender to step down")
         self.stepped_down = time.monotonic() - self.at
+        self.note = f"; the cut-off extender stepped down after {self.stepped_down:.1f} s"
+        # its passes in flight stop within a leader poll; the launch pass waits on the held call till then
+        time.sleep(LEADER_POLL_SECONDS + 1.0)
+        self.passes_at_step_down = self.passes()
         self.proxy.release()
         launched = self.proxy.launches
 
@@ -263,6 +287,10 @@ class Partition(Disruption):
         time.sleep(LEASE_RENEW_SECONDS * 2 + 2)  # a few renew rounds and capacity passes
         assert self.standby.extender_leads() and not self.leader.extender_leads()  # the healed one follows
         assert self.proxy.launches == launched, "RunInstances after the partition healed"
+        # what a pass in flight had still to do (the next claim and its VM, a claim's phase) is not done
+        # when the answer comes or the network heals: the pass stopped with the leadership
+        finished = self.passes() - self.passes_at_step_down
+        assert finished == 0, f"the cut-off extender finished {finished:g} passes after it stepped down"
 
 
 @pytest.mark.parametrize("disruption", [SigKill, RollingUpdate, Partition],
@@ -291,7 +319,7 @@ def test_the_leader_gone_while_buying_vms_for_a_provisioned_pool(api_client, pro
         print(f"provisioned, {disruption.__name__}: {len(at_disruption)} claims made, "
               f"{binds.bound_at(how.at)} of {VMS} pods bound at the disruption; scheduler led after "
               f"{scheduler_led:.1f} s, extender after {extender_led:.1f} s, first bind after "
-              f"{recovered:.1f} s, all {VMS} bound after {binds.samples[-1][0] - how.at:.1f} s")
+              f"{recovered:.1f} s, all {VMS} bound after {binds.samples[-1][0] - how.at:.1f} s{how.note}")
         low, high = how.within()
         assert low <= extender_led <= high
         # the new nodes' pool label and the claims' Bound phase are the leader's to write: a bind follows
