@@ -10,11 +10,11 @@ reads (waited for before its first reconcile), and one of two shapes, as control
   ``reconcile(key, value) -> requeue_after``, at most ``workers`` keys at once and never one key twice.
 
 The runner owns what each controller used to write out itself: the wait for its caches, the leader gate
-(a leader-only controller does nothing while another replica leads; when leadership is lost, its keyed work
-in flight is cancelled and its queue dropped, since the new leader rebuilds it from the cluster), the wake and
-settle, the requeue, exponential backoff after an error, one log line per error, and controller-runtime's
-reconcile metrics (``controller_runtime_reconcile_total``, ``..._errors_total``, ``..._time_seconds``, and
-``workqueue_depth`` for keyed queues), so its dashboards work unchanged.
+(a leader-only controller does nothing while another replica leads; when leadership is lost, its pass
+or keyed work in flight is cancelled and its queue dropped, since the new leader rebuilds it from the
+cluster), the wake and settle, the requeue, exponential backoff after an error, one log line per error,
+and controller-runtime's reconcile metrics (``controller_runtime_reconcile_total``, ``..._errors_total``,
+``..._time_seconds``, and ``workqueue_depth`` for keyed queues), so its dashboards work unchanged.
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ class Runner:
             delay: float | None = c.interval
             if self.leads(c):
                 leading = True
-                requeue, failed = await self._timed(c.name, c.reconcile(dt.datetime.now(dt.UTC)))
+                requeue, failed = await self._while_leading(c)
                 if failed:
                     delay = backoff.next()
                 else:
@@ -225,6 +225,26 @@ class Runner:
                 await asyncio.sleep(c.settle)
             if c.min_gap:
                 await asyncio.sleep(max(0.0, started + c.min_gap - self._clock()))
+
+    async def _while_leading(self, c: Reconciler) -> tuple[float | None, bool]:
+        """One pass of ``c``. A leader-only pass is cancelled as soon as leadership is lost: a pass can
+        outlast the Lease (a cloud call, a write waiting on a cut network), and what it would go on to do
+        (buy the next VM, write a claim's phase) is the new leader's now, which redoes it from the cluster."""
+        pass_ = self._timed(c.name, c.reconcile(dt.datetime.now(dt.UTC)))
+        if not c.leader_only:
+            return await pass_
+        task = asyncio.ensure_future(pass_)
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=LEADER_POLL_SECONDS)
+                if not task.done() and not self.leads(c):
+                    log.warning("leadership lost: pass cancelled", extra={"controller": c.name})
+                    await cancel_and_wait([task])
+                    return None, False
+        finally:
+            if not task.done():  # the runner itself is stopping
+                await cancel_and_wait([task])
+        return task.result()
 
     async def _timed(self, name: str, pass_: Awaitable[float | None]) -> tuple[float | None, bool]:
         """Run one reconcile; its requeue and whether it failed, counted and logged."""

@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,13 +249,18 @@ def start_two(pairs: ReplicaSet, extra_args: Sequence[str] = ()) -> tuple[Replic
     return first, second
 
 
-def when_both_lead(replica: Replica, timeout: float = 90) -> dict[str, float]:
-    """When (monotonic) the replica's scheduler and its extender each first led, polled together."""
+def when_both_lead(*replicas: Replica, timeout: float = 90,
+                   meanwhile: Callable[[], object] = lambda: None) -> dict[str, float]:
+    """When (monotonic) a scheduler and an extender of these replicas each first led, polled together (in a
+    rolling update either of two may take over, and the two Leases need not go to the same pod);
+    ``meanwhile`` runs before each poll (a test's own sampling of what happens until then)."""
     led: dict[str, float] = {}
-    checks = {"scheduler": replica.scheduler_leads, "extender": replica.extender_leads}
+    checks = {"scheduler": lambda: any(r.scheduler_leads() for r in replicas),
+              "extender": lambda: any(r.extender_leads() for r in replicas)}
     deadline = time.monotonic() + timeout * TIMEOUT_SCALE
     while len(led) < len(checks):
         assert time.monotonic() < deadline, f"only {sorted(led)} of the standby led after {timeout} s"
+        meanwhile()
         for what, check in checks.items():
             if what not in led and check():
                 led[what] = time.monotonic()

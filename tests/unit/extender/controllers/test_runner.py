@@ -96,6 +96,49 @@ async def test_a_leader_only_controller_acts_only_while_leading_and_forgets_on_d
     await running(Runner(leader), controller, body)
 
 
+async def test_losing_leadership_cancels_a_pass_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass that outlasts the Lease (a cloud call, a write on a cut network) stops when leadership is lost,
+    before it does its next thing: the replica that stepped down buys nothing more."""
+    monkeypatch.setattr("extender.controllers.runner.LEADER_POLL_SECONDS", 0.01)
+    leader, registry = Flag(True), CollectorRegistry()
+    started, bought, demoted = asyncio.Event(), [], []
+    answered = asyncio.Event()  # the cloud's answer to the call in flight
+
+    async def reconcile(now: dt.datetime) -> None:
+        started.set()
+        await answered.wait()
+        bought.append("the next VM")
+
+    controller = Reconciler("c", reconcile, interval=0.01, leader_only=True,
+                            on_demoted=lambda: demoted.append(True))
+
+    async def body() -> None:
+        await started.wait()
+        leader.is_leader = False
+        await until(lambda: demoted == [True])
+        answered.set()
+        await asyncio.sleep(0.05)
+        assert bought == []
+        assert sample(registry, "controller_runtime_reconcile_errors_total", controller="c") == 0
+
+    await running(Runner(leader, ControllerMetrics(registry)), controller, body)
+
+
+async def test_a_pass_that_is_not_leader_only_runs_to_its_end() -> None:
+    answered, done = asyncio.Event(), []
+
+    async def reconcile(now: dt.datetime) -> None:
+        await answered.wait()
+        done.append(now)
+
+    async def body() -> None:
+        await asyncio.sleep(0.02)
+        answered.set()
+        await until(lambda: len(done) == 1)
+
+    await running(Runner(Flag(False)), Reconciler("c", reconcile, interval=60), body)
+
+
 async def test_a_controller_that_is_not_leader_only_runs_on_every_replica() -> None:
     calls: list[dt.datetime] = []
 
