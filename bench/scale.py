@@ -93,6 +93,7 @@ def run_size(cluster: Any, nodes: int, pods: int, phases: tuple[str, ...], timeo
     out: dict[str, Any] = {"nodes": nodes, "pods": pods}
     try:
         create_nodes_and_gpus(cluster.api, nodes)
+        last = [p for p in phases if p != "expand"][-1]
         for phase in phases:
             if phase == "expand":  # runs inside tf-whole, on its full pool
                 continue
@@ -104,7 +105,8 @@ def run_size(cluster: Any, nodes: int, pods: int, phases: tuple[str, ...], timeo
                 cfg["profiles"] = [{**cfg["profiles"][0], "schedulerName": BASELINE_SCHEDULER}]
                 res = run_phase(cluster, f"kube-scheduler-scale-{phase}", NAMESPACE_BASE,
                                 whole_gpu_pods(whole_pod_count(nodes, pods)), cfg, timeout, kwok_pid=kwok.pid)
-                delete_pods(cluster.api, NAMESPACE_BASE, timeout=timeout)
+                if phase != last:  # the cluster ends with the last phase: nothing to delete for
+                    delete_pods(cluster.api, NAMESPACE_BASE, timeout=timeout)
             else:
                 extender = start_extender(cluster, port, workdir, floor=phase == "floor")
                 try:
@@ -121,7 +123,8 @@ def run_size(cluster: Any, nodes: int, pods: int, phases: tuple[str, ...], timeo
                         cluster, NAMESPACE_TF, pods=expand_pods,
                         top_up=nodes * 8 - whole_pod_count(nodes, pods), delay=expansion_delay,
                         timeout=timeout, workdir=workdir / "expand")
-                delete_pods(cluster.api, NAMESPACE_TF, timeout=timeout)
+                if phase != last:
+                    delete_pods(cluster.api, NAMESPACE_TF, timeout=timeout)
             out[phase] = res
     finally:
         kwok.stop()
@@ -161,6 +164,18 @@ def table(runs: list[dict[str, Any]]) -> Table:
         "API requests: every client's, kwok's and the benchmark's own watch included.",
     ]
     return t
+
+
+def phase_groups(phases: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The phases one control plane runs each, with ``--fresh-per-phase``: every phase alone, but ``expand``
+    with the ``tf-whole`` whose full pool it grows."""
+    groups: list[tuple[str, ...]] = []
+    for phase in phases:
+        if phase == "expand" and groups and "tf-whole" in groups[-1]:
+            groups[-1] = (*groups[-1], phase)
+        else:
+            groups.append((phase,))
+    return groups
 
 
 PHASE_LABELS = {"baseline": "kube-scheduler alone (whole GPUs)", "tf": "+ tf-extender, fractional",
@@ -216,6 +231,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--expansion-delay", type=float, default=None,
                         help="tf-extender --expansion-delay in the expand phase (default: the shipped one)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "scale.json", help="the figures' JSON")
+    parser.add_argument("--fresh-per-phase", action="store_true",
+                        help="a new control plane (nodes and GPUs made again) for each phase instead of "
+                             "deleting the pods between phases: at 5,000 nodes kwok deletes bound pods at "
+                             "about 22 a second, building a cluster is quicker")
     parser.add_argument("--report", type=Path, nargs="+", metavar="JSON",
                         help="run nothing: print the tables of earlier runs' JSON files and plot them")
     args = parser.parse_args(argv)
@@ -242,14 +261,20 @@ def main(argv: list[str] | None = None) -> None:
     from bench.cluster import BenchCluster
 
     for nodes, pods in [*sizes, *([KAI] if args.kai else [])]:
-        cluster = BenchCluster(TMP_DIR / f"controlplane-scale-{nodes}", APISERVER_ARGS).start()
+        kai = (nodes, pods) == KAI and args.kai
+        wanted = ("baseline", "tf-whole") if kai else phases
+        groups = phase_groups(wanted) if args.fresh_per_phase else [wanted]
         started = time.monotonic()
-        try:
-            kai = (nodes, pods) == KAI and args.kai
-            run = run_size(cluster, nodes, pods, ("baseline", "tf-whole") if kai else phases, args.timeout,
-                           expand_pods=args.expand_pods, expansion_delay=args.expansion_delay)
-        finally:
-            cluster.stop()
+        run: dict[str, Any] = {}
+        for group in groups:
+            cluster = BenchCluster(TMP_DIR / f"controlplane-scale-{nodes}", APISERVER_ARGS).start()
+            try:
+                run.update(run_size(cluster, nodes, pods, group, args.timeout, expand_pods=args.expand_pods,
+                                    expansion_delay=args.expansion_delay))
+            finally:
+                cluster.stop()
+            # each group's figures as soon as it ends: a run of hours keeps what it measured
+            args.out.write_text(json.dumps([*runs, run], indent=1, default=str))
         run["wall_s"] = round(time.monotonic() - started, 1)
         runs.append(run)
         log(f"scale: {nodes}x{pods} done in {run['wall_s']} s")
