@@ -7,8 +7,7 @@ the autoscaler's usage query can join allocation with use ``on(UUID)``.
 from __future__ import annotations
 
 import asyncio
-import itertools
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from extender.common.contract import WORKLOAD_LABEL
@@ -45,32 +44,22 @@ def _rows(state: ClusterState, pod: PodLookup) -> Iterator[GPUAllocated | PodAll
                                request.vram_on(held.capacity_vram))
 
 
-def _split(rows: Iterable[GPUAllocated | PodAllocated], gpus: list[GPUAllocated],
-           pods: list[PodAllocated]) -> None:
-    for row in rows:
-        if isinstance(row, GPUAllocated):
-            gpus.append(row)
-        else:
-            pods.append(row)
+def _split(rows: list[GPUAllocated | PodAllocated]) -> tuple[list[GPUAllocated], list[PodAllocated]]:
+    return ([row for row in rows if isinstance(row, GPUAllocated)],
+            [row for row in rows if isinstance(row, PodAllocated)])
 
 
 def allocation_rows(state: ClusterState, pod: PodLookup) -> tuple[list[GPUAllocated], list[PodAllocated]]:
-    gpus: list[GPUAllocated] = []
-    pods: list[PodAllocated] = []
-    _split(_rows(state, pod), gpus, pods)
-    return gpus, pods
+    return _split(list(_rows(state, pod)))
 
 
 async def allocation_rows_async(state: ClusterState, pod: PodLookup, per_slice: int = ROWS_PER_SLICE
                                 ) -> tuple[list[GPUAllocated], list[PodAllocated]]:
     """``allocation_rows``, yielding to the event loop after every ``per_slice`` rows (at 40,000 GPUs and
     50,000 pods the rows take seconds)."""
-    gpus: list[GPUAllocated] = []
-    pods: list[PodAllocated] = []
-    rows = _rows(state, pod)
-    while True:
-        before = len(gpus) + len(pods)
-        _split(itertools.islice(rows, per_slice), gpus, pods)
-        if len(gpus) + len(pods) - before < per_slice:
-            return gpus, pods
-        await asyncio.sleep(0)
+    rows: list[GPUAllocated | PodAllocated] = []
+    for row in _rows(state, pod):
+        rows.append(row)
+        if len(rows) % per_slice == 0:
+            await asyncio.sleep(0)
+    return _split(rows)
