@@ -260,12 +260,7 @@ class BindWatch:
         self._stop = False
         from kubernetes import client
 
-        core = client.CoreV1Api(api)
-        listing = json.loads(core.list_namespaced_pod(namespace, _preload_content=False).data)
-        self.resource_version = listing["metadata"]["resourceVersion"]
-        for item in listing["items"]:
-            if (item.get("spec") or {}).get("nodeName"):
-                self.bound[item["metadata"]["name"]] = time.monotonic()
+        self.resource_version = self._list(client.CoreV1Api(api))
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -306,19 +301,23 @@ class BindWatch:
                 resp.close()
         self.done.set()
 
+    def _list(self, core: Any) -> str:
+        """Stamp the pods a list shows bound and not stamped yet (after a lost watch: their binds went
+        unseen) and answer the list's version."""
+        listing = json.loads(core.list_namespaced_pod(self.namespace, _preload_content=False).data)
+        now = time.monotonic()
+        for item in listing["items"]:
+            if (item.get("spec") or {}).get("nodeName"):
+                self.bound.setdefault(item["metadata"]["name"], now)
+        return str(listing["metadata"]["resourceVersion"])
+
     def _relist(self, core: Any) -> str:
-        """Stamp the pods a list shows bound (now: their binds went unseen) and answer its version."""
         from kubernetes.client.rest import ApiException
 
         try:
-            listing = json.loads(core.list_namespaced_pod(self.namespace, _preload_content=False).data)
+            return self._list(core)
         except (ApiException, OSError):
             return "0"
-        for item in listing["items"]:
-            name = item["metadata"]["name"]
-            if (item.get("spec") or {}).get("nodeName") and name not in self.bound:
-                self.bound[name] = time.monotonic()
-        return str(listing["metadata"]["resourceVersion"])
 
     def wait(self, timeout: float) -> bool:
         ok = self.done.wait(timeout)
