@@ -6,7 +6,9 @@ formatted once a second) instead of a ``LogRecord``, a formatter pass and a lock
 notes its time and fields; the lines are formatted and written together, at most ``FLUSH_AFTER`` seconds
 after the first waiting one, or at once when ``MAX_PENDING`` wait (and when the server shuts down), so a
 busy server makes a few writes a second instead of one per line. The logger's level decides, as for any log
-line (``--log-level``).
+line (``--log-level``). A caller that writes the same fields again and again (the webhook's replayed answers)
+renders them once and passes the rendered members (``render_members``) to ``write_members``: the line is
+the same, without a dict or a JSON encoding per line.
 """
 
 from __future__ import annotations
@@ -27,15 +29,22 @@ class BatchedLog:
     def __init__(self, logger: logging.Logger, stream: TextIO | None = None) -> None:
         self._logger = logger
         self._stream = stream  # None: sys.stderr at the time of writing (as a StreamHandler's default)
-        # (time, level, msg, fields) of the lines waiting: formatted together when written
-        self._pending: list[tuple[float, int, str, dict[str, Any]]] = []
+        # (time, level, msg, fields or rendered members) of the lines waiting: formatted together when written
+        self._pending: list[tuple[float, int, str, dict[str, Any] | str]] = []
         self.timestamp = Timestamps()
+        # '"level":...,"logger":...,"msg":...' by (level, msg), for lines of rendered members
+        self._heads: dict[tuple[int, str], str] = {}
 
     def write(self, level: int, msg: str, fields: dict[str, Any]) -> None:
         """One line of ``fields`` (which the caller no longer changes), if the logger's level lets it."""
+        self.write_members(level, msg, fields)
+
+    def write_members(self, level: int, msg: str, members: dict[str, Any] | str) -> None:
+        """``write``, with the fields as a dict or as JSON object members: ``render_members`` of some fields,
+        joined by commas with other rendered members such as ``"duration_ms":1.5`` (no braces)."""
         if not self._logger.isEnabledFor(level):
             return
-        self._pending.append((time.time(), level, msg, fields))
+        self._pending.append((time.time(), level, msg, members))
         if len(self._pending) >= MAX_PENDING:
             self.flush()
         elif len(self._pending) == 1:  # the first waiting line schedules the write
@@ -44,7 +53,13 @@ class BatchedLog:
             except RuntimeError:  # no event loop: write at once
                 self.flush()
 
-    def _format(self, now: float, level: int, msg: str, fields: dict[str, Any]) -> str:
+    def _format(self, now: float, level: int, msg: str, fields: dict[str, Any] | str) -> str:
+        if isinstance(fields, str):
+            head = self._heads.get((level, msg))
+            if head is None:
+                head = self._heads[(level, msg)] = render_members(
+                    {"level": logging.getLevelName(level).lower(), "logger": self._logger.name, "msg": msg})
+            return f'{{"ts":"{self.timestamp(now)}",{head}{"," if fields else ""}{fields}}}'
         return dump_line({"ts": self.timestamp(now), "level": logging.getLevelName(level).lower(),
                           "logger": self._logger.name, "msg": msg, **fields})
 
@@ -59,3 +74,8 @@ class BatchedLog:
             stream.flush()
         except (OSError, ValueError):  # a closed or broken stream loses log lines, never an answer
             pass
+
+
+def render_members(fields: dict[str, Any]) -> str:
+    """``fields`` as the members of a JSON object (no braces), as a line of ``BatchedLog`` writes them."""
+    return dump_line(fields)[1:-1]

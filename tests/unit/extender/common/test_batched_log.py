@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from extender.common.batched_log import FLUSH_AFTER, MAX_PENDING, BatchedLog
+from extender.common.batched_log import FLUSH_AFTER, MAX_PENDING, BatchedLog, render_members
 
 
 def test_lines_written_outside_an_event_loop_go_out_at_once() -> None:
@@ -71,3 +71,23 @@ async def test_a_line_carries_the_time_of_its_admission_not_of_its_write(
     assert (line["uid"], line["ts"]) == ("a", "2023-11-14T22:13:20.250+00:00")
 
 
+
+
+@pytest.mark.parametrize("fields", [
+    {"uid": "0f4f-1", "operation": "CREATE", "namespace": "team-a", "pod": "infer-", "outcome": "mutated",
+     "reason": None, "detail": None, "duration_ms": 0.412},
+    {"pod": "ünïcode-pod", "detail": 'quotes " and \\ and \n', "n": 3, "ok": True, "nested": {"a": [1, 2]}},
+    {"detail": "a lone surrogate \ud800 (the standard library encodes it)"},
+    {},
+])
+def test_rendered_members_write_the_same_line_as_the_fields(fields: dict[str, object],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    logger = logging.getLogger("test.admission.members")
+    logger.setLevel(logging.INFO)
+    monkeypatch.setattr("time.time", lambda: 1_700_000_000.25)
+    as_dict, as_members = io.StringIO(), io.StringIO()
+    BatchedLog(logger, as_dict).write(logging.INFO, "admission", dict(fields))
+    BatchedLog(logger, as_members).write_members(logging.INFO, "admission", render_members(fields))
+    assert json.loads(as_members.getvalue()) == json.loads(as_dict.getvalue())
+    if "surrogate" not in str(fields):  # orjson's bytes, the same ones (the standard library spaces them)
+        assert as_members.getvalue() == as_dict.getvalue()
