@@ -294,7 +294,7 @@ def breakdown(repeat: int) -> dict[str, float]:
     replay = ReviewReplay()
     for _ in range(2):  # remembered on its second sighting
         replay.remember(body, review.uid, encode_review(decision.response), owner=None, context=0,
-                        index=None, outcome=decision.outcome, reason=None, message=None, fields={})
+                        index=None, outcome=decision.outcome, reason=None)
     other = body.replace(review.uid.encode(), review.uid[:-4].encode() + b"0002")  # the next pod's review
 
     def replayed() -> Any:

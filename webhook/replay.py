@@ -7,14 +7,14 @@ for these pods; this saves the rest of the work (reading the review, the memo's 
 about half of a review's CPU in the served process.
 
 Why a replayed answer is exact. When an answer is remembered, the review's uid must occur exactly once in
-its bytes, consist of letters, digits and dashes only, and be the value that decoding puts in
-``request.uid``: decoding the same bytes with another such string in that slot must give the same document
-but for ``request.uid`` (checked, with orjson, once per remembered review). A later review with the same
-bytes outside the slot and such a string inside it then decodes to the remembered document with its own
-``request.uid``, and the decision never reads the uid but to echo it. Everything else a decision reads
-beside the review is part of the context that must match: the cluster view's generation, the Karpenter
-do-not-disrupt switch, the owner object the workload label came from, and the pod index when the decision
-used one (answers are kept per index; a new index decides afresh).
+its bytes, consist of ASCII letters, digits and dashes only (one letter or digit at least), and be the value
+that decoding puts in ``request.uid``: decoding the same bytes with another such string in that slot must
+give the same document but for ``request.uid`` (checked, with orjson, once per remembered review). A later
+review with the same bytes outside the slot and such a string inside it then decodes to the remembered
+document with its own ``request.uid``, and the decision never reads the uid but to echo it. Everything else
+a decision reads beside the review is part of the context that must match: the cluster view's generation,
+the Karpenter do-not-disrupt switch, the owner object the workload label came from, and the pod index when
+the decision used one (answers are kept per index; a new index decides afresh).
 
 A review is remembered on its second sighting: the first only notes a hash of its bytes outside the slot
 (a bounded set), so pods that never repeat (a StatefulSet's, say: their names differ) cost a lookup, not
@@ -38,12 +38,11 @@ DEFAULT_BUDGET_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_REVIEW_BYTES = 64 * 1024  # larger reviews are never remembered
 MAX_LAYOUTS = 4  # (offset, length) of the uid slot: kube-apiserver's reviews put it at one place
 MAX_SEEN_ONCE = 4096  # reviews noted on their first sighting (a hash each)
-_UID_BYTES = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-"
 
 LayoutKey = tuple[int, int, bytes]  # uid offset, uid length, the review's bytes without the uid
 
 
-@dataclass
+@dataclass(slots=True)
 class Replay:
     """What a remembered review's decision was, for the server's metrics and log line."""
 
@@ -51,8 +50,7 @@ class Replay:
     answer: bytes
     outcome: Outcome
     reason: str | None
-    message: str | None
-    fields: dict[str, Any]  # operation, namespace and pod, as the log line has them
+    note: Any  # what the caller remembered beside the answer (the server: its log line's fields, rendered)
 
 
 @dataclass
@@ -61,15 +59,15 @@ class _Entry:
     context: Hashable
     outcome: Outcome
     reason: str | None
-    message: str | None
-    fields: dict[str, Any]
+    note: Any
     uses_index: bool
     answers: dict[int | None, tuple[bytes, bytes]] = field(default_factory=dict)  # by index: around the uid
     size: int = 0
 
 
 def _safe_uid(uid: bytes) -> bool:
-    return bool(uid) and not uid.translate(None, _UID_BYTES)
+    """Letters, digits and dashes, at least one letter or digit (``isalnum`` is ASCII-only for bytes)."""
+    return uid.replace(b"-", b"").isalnum()
 
 
 class ReviewReplay:
@@ -82,6 +80,8 @@ class ReviewReplay:
         self._seen_once: OrderedDict[int, None] = OrderedDict()  # hashes of the keys seen once
         self._bytes = 0
         self.hits = 0
+        # the key, size and bytes around the uid of the review found last
+        self._last: tuple[LayoutKey, int, bytes, bytes] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -93,33 +93,48 @@ class ReviewReplay:
         for the index ``draw_index`` gives (called only then)."""
         if len(body) > self.max_review_bytes:
             return None
+        found = self._find(body)
+        if found is None:
+            return None
+        key, entry, offset, end = found
+        uid = body[offset:end]
+        if not _safe_uid(uid) or entry.context != context_of(entry.owner):
+            return None
+        parts = entry.answers.get(draw_index() if entry.uses_index else None)
+        if parts is None:
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return Replay(uid.decode(), parts[0] + uid + parts[1], entry.outcome, entry.reason, entry.note)
+
+    def _find(self, body: bytes) -> tuple[LayoutKey, _Entry, int, int] | None:
+        """The entry whose review is ``body`` but for the uid slot, with its key and the slot."""
+        last = self._last  # the review found last: the next (a ReplicaSet's next pod) is compared, not hashed
+        if last is not None:
+            key, size, head, tail = last
+            if len(body) == size and body.startswith(head) and body.endswith(tail):
+                entry = self._entries.get(key)
+                if entry is not None:
+                    return key, entry, key[0], key[0] + key[1]
         for offset, length in self._layouts:
             end = offset + length
             if end >= len(body):
                 continue
-            key = (offset, length, body[:offset] + body[end:])
+            head, tail = body[:offset], body[end:]
+            key = (offset, length, head + tail)
             entry = self._entries.get(key)
-            if entry is None:
-                continue
-            uid = body[offset:end]
-            if not _safe_uid(uid) or entry.context != context_of(entry.owner):
-                return None
-            parts = entry.answers.get(draw_index() if entry.uses_index else None)
-            if parts is None:
-                return None
-            self._entries.move_to_end(key)
-            self.hits += 1
-            return Replay(uid.decode(), parts[0] + uid + parts[1], entry.outcome, entry.reason, entry.message,
-                          entry.fields)
+            if entry is not None:
+                self._last = (key, len(body), head, tail)
+                return key, entry, offset, end
         return None
 
     def remember(self, body: bytes, uid: str, answer: bytes, *, owner: Hashable, context: Hashable,
-                 index: int | None, outcome: Outcome, reason: str | None, message: str | None,
-                 fields: dict[str, Any]) -> bool:
+                 index: int | None, outcome: Outcome, reason: str | None, note: Any = None) -> bool:
         """Keep ``answer`` (the encoded review answering ``body``, whose request uid is ``uid``) for the
         reviews that differ from ``body`` only in the uid. ``owner``: the owner the decision read, and
         ``context`` what ``answer``'s ``context_of(owner)`` gave for it; ``index``: the pod index the decision
-        used, None when it used none. False when the review cannot be replayed exactly (nothing is kept)."""
+        used, None when it used none; ``note``: anything to hand back with each replayed answer (the same for
+        every index). False when the review cannot be replayed exactly (nothing is kept)."""
         encoded_uid = uid.encode()
         if len(body) > self.max_review_bytes or not _safe_uid(encoded_uid):
             return False
@@ -145,7 +160,7 @@ class ReviewReplay:
             if not _slot_is_request_uid(body, offset, end, uid):
                 return False
             self._drop(key)
-            entry = _Entry(owner, context, outcome, reason, message, dict(fields), index is not None)
+            entry = _Entry(owner, context, outcome, reason, note, index is not None)
             entry.size = len(key[2])
             self._entries[key] = entry
             self._bytes += entry.size

@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from extender.common.batched_log import BatchedLog
+from extender.common.batched_log import BatchedLog, render_members
 from extender.common.contract import DEFAULT_SCHEDULER_NAME
 from extender.common.logs import describe_exception, one_line_server_errors
 from webhook.admission import (
@@ -34,7 +34,7 @@ from webhook.memo import MutationCache
 from webhook.metrics import CONTENT_TYPE, WebhookMetrics
 from webhook.mutation import EVERYWHERE
 from webhook.priority import PriorityPolicy
-from webhook.replay import ReviewReplay
+from webhook.replay import Replay, ReviewReplay
 from webhook.view import ClusterView, KubeObject
 from webhook.workload import owner_to_fetch
 
@@ -159,6 +159,26 @@ class Endpoints:
 async def handle_mutate(service: WebhookService, max_body_bytes: int,
                         request: web.BaseRequest) -> web.Response:
     started = time.perf_counter()
+    index = _IndexDraw(service.allocator)
+    replay = service.replay
+    tried = False
+    # A review whose body is all in already, and which repeats one answered before (the pods of a ReplicaSet
+    # or a Job), is answered here: no wait can come, so no deadline; nothing decoded, no dict per line.
+    if replay is not None and request.content.is_eof() and "Content-Encoding" not in request.headers:
+        try:
+            replayed = replay.answer(await request.read(), service.replay_context, index.draw)
+            tried = True
+            if replayed is not None:
+                return _replayed(service, replayed, started)
+        except Exception:  # the full path below answers it, with its denial and log line
+            tried = False
+    return await _answer(service, max_body_bytes, request, started, index, replay if not tried else None)
+
+
+async def _answer(service: WebhookService, max_body_bytes: int, request: web.BaseRequest, started: float,
+                  index: _IndexDraw, replay: ReviewReplay | None) -> web.Response:
+    """The full path: the body read under the request's deadline, the review decoded and decided (or
+    replayed, when ``replay`` is given), every failure a denial or an HTTP error with one log line."""
     uid: str | None = None
     fields: dict[str, Any] = {}
     reading = True  # until the whole body is in: a timeout then is the client's (408), not ours
@@ -177,19 +197,14 @@ async def handle_mutate(service: WebhookService, max_body_bytes: int,
             except Exception as exc:  # e.g. a Content-Encoding the body does not decode with
                 raise ReviewError(f"body cannot be read: {describe_exception(exc, 200)}") from exc
             reading = False
-            index = _IndexDraw(service.allocator)
-            replay = service.replay
             replayed = replay.answer(body, service.replay_context, index.draw) if replay is not None else None
             if replayed is not None:
-                uid, fields = replayed.uid, {"uid": replayed.uid[:100], **replayed.fields}
-                decision = Decision({}, replayed.outcome, replayed.reason, replayed.message)
-                answer = replayed.answer
-            else:
-                review = parse_review(body)
-                uid = review.uid
-                fields = {"uid": uid[:100], "operation": review.operation[:20],
-                          "namespace": (review.namespace or "")[:63], "pod": _pod_name(review.object)}
-                decision, answer = await _decide(service, body, review, index, fields)
+                return _replayed(service, replayed, started)
+            review = parse_review(body)
+            uid = review.uid
+            fields = {"uid": uid[:100], "operation": review.operation[:20],
+                      "namespace": (review.namespace or "")[:63], "pod": _pod_name(review.object)}
+            decision, answer = await _decide(service, body, review, index, fields)
         response = web.Response(body=answer, content_type="application/json")
     except web.HTTPRequestEntityTooLarge:
         message = f"AdmissionReview larger than {max_body_bytes} bytes"
@@ -227,6 +242,28 @@ async def handle_mutate(service: WebhookService, max_body_bytes: int,
     return response
 
 
+def _replayed(service: WebhookService, replayed: Replay, started: float) -> web.Response:
+    """The answer to a replayed review, its metrics and its log line: the line the full path writes, from
+    the fields rendered when the answer was remembered (``_log_members``)."""
+    response = web.Response(body=replayed.answer, content_type="application/json")
+    elapsed = time.perf_counter() - started
+    outcome = replayed.outcome  # a replayed answer is a review: a denial or an error counts as a denial
+    service.metrics.observe(elapsed, outcome, replayed.reason if outcome in _DENIALS else None)
+    admission_log.write_members(logging.DEBUG if outcome is Outcome.SKIPPED else logging.INFO, "admission",
+                                f'"uid":"{replayed.uid[:100]}",{replayed.note},'
+                                f'"duration_ms":{round(elapsed * 1000, 3)!r}')
+    return response
+
+
+_DENIALS = frozenset((Outcome.DENIED, Outcome.ERROR))
+
+
+def _log_members(fields: dict[str, Any], decision: Decision) -> str:
+    """A replayed answer's log line members between its uid and its duration (``_replayed``)."""
+    return render_members({**fields, "outcome": decision.outcome.value, "reason": decision.reason,
+                           "detail": decision.message})
+
+
 class _IndexDraw:
     """The request's pod index, drawn from the allocator at most once, and whether the decision used it."""
 
@@ -260,8 +297,8 @@ async def _decide(service: WebhookService, body: bytes, review: Request, index: 
         owner = (namespace, *wanted) if wanted is not None else None
         service.replay.remember(body, review.uid, answer, owner=owner, context=service.replay_context(owner),
                                 index=index.index if index.used else None, outcome=decision.outcome,
-                                reason=decision.reason, message=decision.message,
-                                fields={k: v for k, v in fields.items() if k != "uid"})
+                                reason=decision.reason,
+                                note=_log_members({k: v for k, v in fields.items() if k != "uid"}, decision))
     return decision, answer
 
 

@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import io
 import json
+import logging
 from collections.abc import Hashable
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from extender.common.batched_log import BatchedLog
 from tests.unit.fixtures.webhook import NS, OBJECTS, REPLICASET, pod, review, tf, view
+from webhook import server
 from webhook.admission import Outcome
 from webhook.index import IndexAllocator
 from webhook.memo import MutationCache
@@ -23,11 +28,17 @@ from webhook.view import ClusterView, KubeObject
 
 
 class Body:
-    """What handle_mutate reads of an aiohttp request."""
+    """What handle_mutate reads of an aiohttp request: its headers, its body, and whether the body is all in
+    (a replayed answer skips the deadline only then)."""
 
-    def __init__(self, body: bytes) -> None:
+    def __init__(self, body: bytes, complete: bool = True) -> None:
         self.headers: dict[str, str] = {}
         self._body = body
+        self.content = self
+        self.complete = complete
+
+    def is_eof(self) -> bool:
+        return self.complete
 
     async def read(self) -> bytes:
         return self._body
@@ -56,8 +67,8 @@ def service(context: Context, replay: ReviewReplay | None, indexes: int = 128) -
                           owner_token=lambda owner: context.owner_tokens.get(owner))
 
 
-async def answer(svc: WebhookService, body: bytes) -> bytes:
-    response = await handle_mutate(svc, 1 << 20, Body(body))  # type: ignore[arg-type]
+async def answer(svc: WebhookService, body: bytes, complete: bool = True) -> bytes:
+    response = await handle_mutate(svc, 1 << 20, Body(body, complete))  # type: ignore[arg-type]
     assert response.body is not None
     return bytes(response.body)  # type: ignore[arg-type]
 
@@ -90,19 +101,46 @@ def both(context: Context, indexes: int = 128) -> tuple[WebhookService, WebhookS
     return service(context, replay, indexes), service(context, None, indexes), replay
 
 
-def test_replayed_answers_are_the_decided_answers_byte_for_byte() -> None:
+@pytest.mark.parametrize("complete", [True, False], ids=["body all in", "body still arriving"])
+def test_replayed_answers_are_the_decided_answers_byte_for_byte(complete: bool) -> None:
     async def run() -> None:
         context = Context()
         with_replay, without, replay = both(context)
         for name, p in PODS.items():
             for n in range(300):  # more than the 128 pod indexes
                 body = encoded(p, uid(n))
-                assert await answer(with_replay, body) == await answer(without, body), (name, n)
+                assert await answer(with_replay, body, complete) == await answer(without, body), (name, n)
             for operation in ("UPDATE", "DELETE"):
                 body = encoded(p, uid(1), operation=operation)
                 assert await answer(with_replay, body) == await answer(without, body), (name, operation)
         assert replay.hits > 4 * 150
     asyncio.run(run())
+
+
+def test_a_replayed_answer_logs_the_line_of_a_decided_one(monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """Outcome, reason, detail, pod and namespace as the decision logged them: only ts and duration differ."""
+    stream = io.StringIO()
+    monkeypatch.setattr(server, "admission_log", BatchedLog(server.log, stream))
+    caplog.set_level(logging.DEBUG, logger=server.log.name)  # the skipped pod's line too
+
+    async def run() -> None:
+        context = Context()
+        with_replay, without, replay = both(context, indexes=1)
+        for p in PODS.values():
+            for n in range(4):
+                body = encoded(p, uid(n))
+                await answer(with_replay, body)
+                await answer(without, body)
+        assert replay.hits == 4 * 2
+    asyncio.run(run())
+    server.admission_log.flush()
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert len(lines) == 4 * 4 * 2 and {line["outcome"] for line in lines} == {"mutated", "denied", "skipped"}
+    for replayed, decided in zip(lines[::2], lines[1::2], strict=True):
+        for line in (replayed, decided):
+            del line["ts"], line["duration_ms"]
+        assert replayed == decided
 
 
 def test_a_changed_context_is_never_answered_from_the_past() -> None:
@@ -171,7 +209,7 @@ def test_any_uid_and_any_difference_answer_as_decided(first: str, second: str, l
 def keep(replay: ReviewReplay, body: bytes, uid_: str) -> bool:
     """``remember`` an answer carrying ``uid_``, with no owner, one context and no index."""
     return replay.remember(body, uid_, json.dumps({"uid": uid_}).encode(), owner=None, context=0, index=None,
-                           outcome=Outcome.MUTATED, reason=None, message=None, fields={})
+                           outcome=Outcome.MUTATED, reason=None)
 
 
 def test_only_the_request_uid_slot_is_replayed() -> None:
