@@ -248,14 +248,12 @@ def _replayed(service: WebhookService, replayed: Replay, started: float) -> web.
     response = web.Response(body=replayed.answer, content_type="application/json")
     elapsed = time.perf_counter() - started
     outcome = replayed.outcome  # a replayed answer is a review: a denial or an error counts as a denial
-    service.metrics.observe(elapsed, outcome, replayed.reason if outcome in _DENIALS else None)
+    denied = outcome is Outcome.DENIED or outcome is Outcome.ERROR
+    service.metrics.observe(elapsed, outcome, replayed.reason if denied else None)
     admission_log.write_members(logging.DEBUG if outcome is Outcome.SKIPPED else logging.INFO, "admission",
                                 f'"uid":"{replayed.uid[:100]}",{replayed.note},'
                                 f'"duration_ms":{round(elapsed * 1000, 3)!r}')
     return response
-
-
-_DENIALS = frozenset((Outcome.DENIED, Outcome.ERROR))
 
 
 def _log_members(fields: dict[str, Any], decision: Decision) -> str:
