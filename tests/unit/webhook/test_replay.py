@@ -139,6 +139,7 @@ def test_a_replayed_answer_logs_the_line_of_a_decided_one(monkeypatch: pytest.Mo
     assert len(lines) == 4 * 4 * 2 and {line["outcome"] for line in lines} == {"mutated", "denied", "skipped"}
     for replayed, decided in zip(lines[::2], lines[1::2], strict=True):
         for line in (replayed, decided):
+            assert isinstance(line["duration_ms"], float) and 0 <= line["duration_ms"] < 10_000
             del line["ts"], line["duration_ms"]
         assert replayed == decided
 
