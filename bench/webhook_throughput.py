@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,10 +130,14 @@ def run_wrk(wrk: str, url: str, body_file: Path, connections: int, seconds: floa
 class Servers:
     """The two servers under test, started as subprocesses on loopback."""
 
-    def __init__(self, kubeconfig: Path, workdir: Path) -> None:
+    def __init__(self, kubeconfig: Path, workdir: Path,
+                 wrap: Callable[[str], list[str]] = lambda name: [], start_timeout: float = 60) -> None:
+        """``wrap``: a command prefix for the server of that name (a row's name: a key of ``urls``), e.g.
+        valgrind's; ``start_timeout``: how long each may take to start (much longer under valgrind)."""
         from tests.harness import free_port  # the harness's helper, importable via bench.cluster
 
         self.workdir = workdir
+        self.start_timeout = start_timeout
         self.certs = generate_certs(workdir / "certs")
         self.ca = self.certs / "ca.crt"
         self.webhook_port, self.quiet_port, self.bare_port = free_port(), free_port(), free_port()
@@ -143,8 +148,9 @@ class Servers:
                       for name in ("tf-webhook.log", "tf-webhook-quiet.log", "bare.log", "bare-low.log")]
 
         def webhook(port: int, log_file: Any, *extra: str) -> subprocess.Popen[bytes]:
+            name = QUIET if extra else "tf-webhook"
             return subprocess.Popen(
-                [*argv, "serve", "--port", str(port), "--bind-address", "127.0.0.1",
+                [*wrap(name), *argv, "serve", "--port", str(port), "--bind-address", "127.0.0.1",
                  "--cert-dir", str(self.certs), "--kubeconfig", str(kubeconfig), *extra],
                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -153,8 +159,9 @@ class Servers:
         self.quiet = webhook(self.quiet_port, self._logs[1], "--log-level", "warning")
 
         def bare(port: int, log_file: Any, *extra: str) -> subprocess.Popen[bytes]:
+            name = LOW if extra else "bare aiohttp"
             return subprocess.Popen(
-                [sys.executable, "-m", "bench.bare_admission", "--port", str(port),
+                [*wrap(name), sys.executable, "-m", "bench.bare_admission", "--port", str(port),
                  "--cert", str(self.certs / "tls.crt"), "--key", str(self.certs / "tls.key"), *extra],
                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, cwd=str(BENCH_DIR.parent))
 
@@ -173,8 +180,8 @@ class Servers:
         body = review_body()
         for name, port, proc in (("tf-webhook", self.webhook_port, self.webhook),
                                  (QUIET, self.quiet_port, self.quiet)):
-            wait_ready(f"https://127.0.0.1:{port}/readyz", self.ca, proc)
-            deadline = time.monotonic() + 30
+            wait_ready(f"https://127.0.0.1:{port}/readyz", self.ca, proc, self.start_timeout)
+            deadline = time.monotonic() + max(30.0, self.start_timeout / 2)
             while True:  # wait for the cache to see the bench pool, or the pod is denied
                 answer = post(self.urls[name], body, self.ca)["response"]
                 if (answer.get("allowed") and answer.get("patch")) or time.monotonic() > deadline:
@@ -184,7 +191,7 @@ class Servers:
                 raise RuntimeError(f"{name} did not mutate the bench pod: {answer}")
             self.patch_ops = len(json.loads(base64.b64decode(answer["patch"])))
         for name in ("bare aiohttp", LOW):
-            wait_ready(self.urls[name], self.ca, self.procs[name], body=body)
+            wait_ready(self.urls[name], self.ca, self.procs[name], self.start_timeout, body=body)
             if json.dumps(post(self.urls[name], body, self.ca)).encode() != body:
                 raise RuntimeError(f"{name} did not echo the body")
 
@@ -241,6 +248,45 @@ def measure(servers: Servers, wrk: str, body_file: Path, rounds: int, seconds: f
                               for x in runs),
             }
     return out
+
+
+def measure_instructions(servers: Servers, wrk: str, body_file: Path, seconds: float) -> dict[str, Any]:
+    """Instructions per request of each server under callgrind, counted only during one wrk run at 10
+    connections after a warm-up run (every pod index's answer remembered, as in the timed runs)."""
+    out: dict[str, Any] = {}
+    for name, proc in servers.procs.items():
+        pid = str(proc.pid)
+        run_wrk(wrk, servers.urls[name], body_file, 10, seconds)
+        control = ["callgrind_control", "--instr=on", pid]
+        subprocess.run(control, check=True, capture_output=True, timeout=120)
+        res = run_wrk(wrk, servers.urls[name], body_file, 10, seconds)
+        for step in ("--instr=off", "--dump"):
+            subprocess.run([*control[:1], step, pid], check=True, capture_output=True, timeout=120)
+        dumps = sorted(servers.workdir.glob(f"callgrind.{pid}.*"), key=lambda f: f.stat().st_mtime)
+        total = next((int(line.split()[1]) for line in reversed(dumps[-1].read_text().splitlines())
+                      if line.startswith(("summary:", "totals:"))), 0) if dumps else 0
+        out[name] = {"requests": res["requests"],
+                     "instructions_per_request": round(total / max(1, res["requests"]))}
+        log(f"webhook instructions {name}: {out[name]['instructions_per_request']} per request "
+            f"over {res['requests']} requests")
+    return out
+
+
+def instructions_table(counts: dict[str, Any]) -> Table:
+    table = Table("Webhook: instructions per request under callgrind (deterministic, user space only)",
+                  ["server", "requests counted", "instructions / request", "ratio bare / this"])
+    bare = counts["bare aiohttp"]["instructions_per_request"]
+    for name, row in counts.items():
+        table.add(name, row["requests"], row["instructions_per_request"],
+                  ratio(bare, row["instructions_per_request"]))
+    table.notes += [
+        "valgrind --tool=callgrind with instrumentation off until a warm-up wrk run at 10 connections has "
+        "passed, then on for one more run: the instructions the server executed (user space, every thread) / "
+        "the requests answered. The machine's load does not change the count, so two checkouts compare "
+        "exactly; it leaves out the kernel's share (the same for every server: one read and one write a "
+        "request) and the cost of cache misses.",
+    ]
+    return table
 
 
 def profile_webhook(servers: Servers, wrk: str, body_file: Path, seconds: float) -> dict[str, Any]:
@@ -316,6 +362,36 @@ def breakdown(repeat: int) -> dict[str, float]:
             lambda: line.write(logging.INFO, "admission", dict(fields))),
         "allow() without patch": us(lambda: allow("u")),
     }
+
+
+def run_instructions(seconds: float = 10.0) -> BenchResult:
+    """The instruction counts alone (``--instructions``): the four servers under callgrind."""
+    from bench.cluster import BenchCluster, create_cluster_scoped
+
+    wrk, valgrind = ensure_apt("wrk"), ensure_apt("valgrind")
+    if wrk is None or valgrind is None:
+        return BenchResult("webhook", {}, [], error="wrk or valgrind is not installed and apt-get failed")
+    cluster = BenchCluster(TMP_DIR / "controlplane-webhook").start()
+    workdir = TMP_DIR / "webhook-instructions"
+    workdir.mkdir(parents=True, exist_ok=True)
+    for old in workdir.glob("callgrind.*"):
+        old.unlink()
+    try:
+        for obj in fixtures.pool_objects():
+            create_cluster_scoped(cluster.api, "gpupools", obj)
+        body_file = workdir / "review.json"
+        body_file.write_bytes(review_body())
+        servers = Servers(cluster.kubeconfig, workdir, start_timeout=600, wrap=lambda name: [
+            valgrind, "--tool=callgrind", "--instr-atstart=no",
+            f"--callgrind-out-file={workdir}/callgrind.%p"])
+        try:
+            servers.wait()
+            counts = measure_instructions(servers, wrk, body_file, seconds)
+        finally:
+            servers.stop()
+    finally:
+        cluster.stop()
+    return BenchResult("webhook-instructions", {"instructions": counts}, [instructions_table(counts)])
 
 
 def run(quick: bool = False, cluster: Any = None, profile: bool = False) -> BenchResult:
@@ -402,8 +478,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--profile", action="store_true", help="py-spy tf-webhook in one extra wrk run")
+    parser.add_argument("--instructions", action="store_true",
+                        help="instead: instructions per request of each server under callgrind (valgrind)")
     args = parser.parse_args(argv)
-    result = run(quick_mode(args.quick), profile=args.profile)
+    result = run_instructions() if args.instructions else run(quick_mode(args.quick), profile=args.profile)
+    if result.error:
+        print(result.error, file=sys.stderr)
     for t in result.tables:
         print(t.markdown())
 
