@@ -56,7 +56,7 @@ class WebhookMetrics:
 
     def observe(self, seconds: float, outcome: Outcome, denial_reason: str | None) -> None:
         self.duration.observe(seconds)
-        self.decisions.inc(outcome.value)
+        self.decisions.inc(str(outcome))  # a StrEnum's str() is its value, in C (.value is a Python property)
         if denial_reason is not None:
             self.denials.labels(reason=denial_reason).inc()
 
