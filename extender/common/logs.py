@@ -23,12 +23,20 @@ _MILLIS = tuple(f".{ms:03d}+00:00" for ms in range(1000))  # a line's millisecon
 class Timestamps:
     """``datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")``, with the seconds formatted
     once per second (rounded to microseconds first, as datetime does). One per writer, not thread-safe
-    beyond a stale cache (a wrong second is never returned: the text and its second are swapped together)."""
+    beyond a stale cache (a wrong second is never returned: the text and its second are swapped together).
+    A time within the second formatted last costs a subtraction, a rounding and a lookup: ``now - start`` is
+    exactly the fraction ``math.modf`` gives, since ``start`` is ``now``'s whole seconds."""
 
     def __init__(self) -> None:
-        self._second: tuple[int, str] = (-1, "")
+        self._second: tuple[float, str] = (-2.0, "")  # the start of the second formatted last, its text
 
     def __call__(self, now: float) -> str:
+        start, text = self._second
+        fraction = now - start
+        if 0.0 <= fraction < 1.0:
+            micros = round(fraction * 1_000_000)
+            if micros < 1_000_000:
+                return text + _MILLIS[micros // 1000]
         fraction, whole = math.modf(now)
         micros = round(fraction * 1_000_000)
         second = int(whole)
@@ -36,7 +44,7 @@ class Timestamps:
             second, micros = second + 1, micros - 1_000_000
         cached = self._second
         if cached[0] != second:
-            cached = self._second = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+            cached = self._second = (float(second), time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
         return cached[1] + _MILLIS[micros // 1000]
 
 

@@ -18,6 +18,14 @@ def test_timestamps_read_as_datetime_writes_them(now: float) -> None:
     assert Timestamps()(now) == expected
 
 
+@given(st.floats(min_value=0, max_value=4_102_444_800), st.floats(min_value=-1.5, max_value=1.5))
+def test_timestamps_from_the_second_formatted_last_read_as_datetime_writes_them(now: float,
+                                                                                step: float) -> None:
+    stamps = Timestamps()
+    for t in (now, max(0.0, now + step), now):
+        assert stamps(t) == dt.datetime.fromtimestamp(t, dt.UTC).isoformat(timespec="milliseconds")
+
+
 def test_logs_are_json_lines_with_extra_fields(capsys: pytest.CaptureFixture[str]) -> None:
     import logging
 
