@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import json
 import os
 import re
@@ -155,22 +156,50 @@ def scheduler_metrics(cp: Any, port: int) -> dict[tuple[str, str], float]:
 # ------------------------------------------------------------------------------------------ objects
 
 
+TRY_LATER = frozenset({429, 500, 502, 503, 504})
+
+
+def retrying(call: Callable[[], Any], attempts: int = 6) -> Any:
+    """``call()``, again after an answer that says try later (a 504 at 40,000 objects, say). The failed try
+    may have done its work, so a create that meets 409 on a later try is done (None)."""
+    from kubernetes.client.exceptions import ApiException
+
+    for attempt in range(attempts):
+        try:
+            return call()
+        except ApiException as exc:
+            if exc.status == 409 and attempt > 0:
+                return None
+            if exc.status not in TRY_LATER or attempt == attempts - 1:
+                raise
+            time.sleep(min(8.0, 0.5 * 2 ** attempt))
+    return None
+
+
 def create_nodes_and_gpus(api: Any, nodes: int) -> None:
+    from kubernetes import client
+
     from bench.cluster import cpl, create_cluster_scoped, parallel
 
     for obj in fixtures.pool_objects():
         create_cluster_scoped(api, "gpupools", obj)
     names = [fixtures.node_name(i) for i in range(nodes)]
+    custom = client.CustomObjectsApi(api)
 
     def make_node(name: str) -> None:
-        cpl.create_node(api, name, extra_allocatable={"nvidia.com/gpu": "8"},
-                        labels={"tensor-fusion.ai/gpupool": fixtures.POOL})
+        retrying(lambda: cpl.create_node(api, name, extra_allocatable={"nvidia.com/gpu": "8"},
+                                         labels={"tensor-fusion.ai/gpupool": fixtures.POOL}))
 
     def make_gpus(name: str) -> None:
         for j in range(8):
             spec = fixtures.MIXED_MODELS[j % len(fixtures.MIXED_MODELS)]
-            cpl.create_gpu(api, fixtures.gpu_name(name, j), name, pool=fixtures.POOL, model=spec.model,
-                           tflops=str(spec.tflops), vram=f"{spec.vram_gi}Gi", index=j)
+            gpu = fixtures.gpu_name(name, j)
+            body, status = cpl.gpu_body(gpu, name, pool=fixtures.POOL, model=spec.model,
+                                        tflops=str(spec.tflops), vram=f"{spec.vram_gi}Gi", index=j)
+            group = (cpl.TF_GROUP, cpl.TF_VERSION, "gpus")
+            retrying(functools.partial(custom.create_cluster_custom_object, *group, body))
+            patch = {"status": status}
+            retrying(functools.partial(custom.patch_cluster_custom_object_status, *group, gpu, patch))
 
     t0 = time.perf_counter()
     parallel(make_node, names)
@@ -213,7 +242,9 @@ def create_pods(api: Any, namespace: str, pods: list[dict[str, Any]]) -> None:
     def create(pod: dict[str, Any]) -> None:
         # read and return the connection to the pool: an answer left unread keeps its socket, and 50,000
         # pods ran out of file descriptors (each create on a new TLS connection, too)
-        drain(core.create_namespaced_pod(namespace, pod, _preload_content=False))
+        response = retrying(lambda: core.create_namespaced_pod(namespace, pod, _preload_content=False))
+        if response is not None:
+            drain(response)
 
     parallel(create, pods)
     log(f"e2e: {len(pods)} pods created in {namespace} in {time.perf_counter() - t0:.1f}s")
