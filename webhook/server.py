@@ -251,8 +251,9 @@ def _replayed(service: WebhookService, replayed: Replay, started: float) -> web.
     denied = outcome is Outcome.DENIED or outcome is Outcome.ERROR
     service.metrics.observe(elapsed, outcome, replayed.reason if denied else None)
     micros = int(elapsed * 1_000_000)  # milliseconds with three decimals, without formatting a float
+    fields = f"{replayed.note}," if replayed.note else ""  # the uid is letters, digits and dashes (replay)
     admission_log.write_members(logging.DEBUG if outcome is Outcome.SKIPPED else logging.INFO, "admission",
-                                f'"uid":"{replayed.uid[:100]}",{replayed.note},'
+                                f'"uid":"{replayed.uid[:100]}",{fields}'
                                 f'"duration_ms":{micros // 1000}.{_THOUSANDTHS[micros % 1000]}')
     return response
 
