@@ -264,3 +264,25 @@ def test_metrics_count_replayed_answers() -> None:
         # noted, remembered, then three replays
         assert "tf_webhook_replayed_answers_total 3.0" in text and "tf_webhook_replay_entries 1.0" in text
     asyncio.run(run())
+
+
+def test_an_answer_remembered_without_log_fields_still_logs_a_json_line(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    stream = io.StringIO()
+    monkeypatch.setattr(server, "admission_log", BatchedLog(server.log, stream))
+    caplog.set_level(logging.INFO, logger=server.log.name)
+    replay = ReviewReplay()
+    svc = service(Context(), replay)
+    body = encoded(PODS["fractional"], uid(1))
+    for sighting in range(2):  # kept on its second sighting, with no note
+        kept = replay.remember(body, uid(1), json.dumps({"uid": uid(1)}).encode(), owner=None,
+                               context=svc.replay_context(None), index=None, outcome=Outcome.MUTATED,
+                               reason=None)
+        assert kept == (sighting == 1)
+
+    async def run() -> None:
+        await answer(svc, encoded(PODS["fractional"], uid(2)))
+    asyncio.run(run())
+    server.admission_log.flush()
+    line = json.loads(stream.getvalue())
+    assert line["uid"] == uid(2) and line["duration_ms"] >= 0 and replay.hits == 1
