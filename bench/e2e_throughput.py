@@ -185,6 +185,7 @@ def create_nodes_and_gpus(api: Any, nodes: int) -> None:
         create_cluster_scoped(api, "gpupools", obj)
     names = [fixtures.node_name(i) for i in range(nodes)]
     custom = client.CustomObjectsApi(api)
+    gpus = (cpl.TF_GROUP, cpl.TF_VERSION, "gpus")
 
     def make_node(name: str) -> None:
         retrying(lambda: cpl.create_node(api, name, extra_allocatable={"nvidia.com/gpu": "8"},
@@ -196,10 +197,11 @@ def create_nodes_and_gpus(api: Any, nodes: int) -> None:
             gpu = fixtures.gpu_name(name, j)
             body, status = cpl.gpu_body(gpu, name, pool=fixtures.POOL, model=spec.model,
                                         tflops=str(spec.tflops), vram=f"{spec.vram_gi}Gi", index=j)
-            group = (cpl.TF_GROUP, cpl.TF_VERSION, "gpus")
-            retrying(functools.partial(custom.create_cluster_custom_object, *group, body))
+            # created and given its status as cpl.create_gpu does, each step retried on its own: a create
+            # retried after it took effect meets 409, and the status must still be set
+            retrying(functools.partial(custom.create_cluster_custom_object, *gpus, body))
             patch = {"status": status}
-            retrying(functools.partial(custom.patch_cluster_custom_object_status, *group, gpu, patch))
+            retrying(functools.partial(custom.patch_cluster_custom_object_status, *gpus, gpu, patch))
 
     t0 = time.perf_counter()
     parallel(make_node, names)

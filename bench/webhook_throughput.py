@@ -364,9 +364,20 @@ def breakdown(repeat: int) -> dict[str, float]:
     }
 
 
+def stage(cluster: Any, workdir: Path) -> Path:
+    """The default GPUPool the bench pod falls into, on ``cluster``, and the review wrk posts (its file)."""
+    from bench.cluster import create_cluster_scoped
+
+    for obj in fixtures.pool_objects():
+        create_cluster_scoped(cluster.api, "gpupools", obj)
+    body_file = workdir / "review.json"
+    body_file.write_bytes(review_body())
+    return body_file
+
+
 def run_instructions(seconds: float = 10.0) -> BenchResult:
     """The instruction counts alone (``--instructions``): the four servers under callgrind."""
-    from bench.cluster import BenchCluster, create_cluster_scoped
+    from bench.cluster import BenchCluster
 
     wrk, valgrind = ensure_apt("wrk"), ensure_apt("valgrind")
     if wrk is None or valgrind is None:
@@ -377,10 +388,7 @@ def run_instructions(seconds: float = 10.0) -> BenchResult:
     for old in workdir.glob("callgrind.*"):
         old.unlink()
     try:
-        for obj in fixtures.pool_objects():
-            create_cluster_scoped(cluster.api, "gpupools", obj)
-        body_file = workdir / "review.json"
-        body_file.write_bytes(review_body())
+        body_file = stage(cluster, workdir)
         servers = Servers(cluster.kubeconfig, workdir, start_timeout=600, wrap=lambda name: [
             valgrind, "--tool=callgrind", "--instr-atstart=no",
             f"--callgrind-out-file={workdir}/callgrind.%p"])
@@ -395,7 +403,7 @@ def run_instructions(seconds: float = 10.0) -> BenchResult:
 
 
 def run(quick: bool = False, cluster: Any = None, profile: bool = False) -> BenchResult:
-    from bench.cluster import BenchCluster, create_cluster_scoped
+    from bench.cluster import BenchCluster
 
     rounds, seconds = (1, 3.0) if quick else (3, 8.0)
     wrk = ensure_apt("wrk")
@@ -406,11 +414,8 @@ def run(quick: bool = False, cluster: Any = None, profile: bool = False) -> Benc
         cluster = BenchCluster(TMP_DIR / "controlplane-webhook").start()
     workdir = TMP_DIR / "webhook"
     workdir.mkdir(parents=True, exist_ok=True)
-    for obj in fixtures.pool_objects():
-        create_cluster_scoped(cluster.api, "gpupools", obj)
-    body = review_body()
-    body_file = workdir / "review.json"
-    body_file.write_bytes(body)
+    body_file = stage(cluster, workdir)
+    body = body_file.read_bytes()
     servers = Servers(cluster.kubeconfig, workdir)
     try:
         servers.wait()
